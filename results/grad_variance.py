@@ -1,0 +1,106 @@
+"""How noisy is each algorithm's policy-gradient estimate at a fixed policy?
+
+For one model and one fixed set of B questions, draw K independent rollout batches (B*G answers each).
+From every batch compute the gradient that one training step would take (grpo.grpo_loss at mu = 1, the
+KL term left out since its gradient is zero at the reference), once with GRPO's advantages and once
+with REINFORCE's (adv = r), from the same rollouts and one shared forward pass. Report per algorithm:
+  total variance   mean_k ||g_k - mean_g||^2 (the trace of the covariance)
+  |mean_g|         the norm of the mean gradient
+  rel. variance    total variance / |mean_g|^2 (scale-free: GRPO's std division rescales gradients)
+  mean cosine      mean_k cos(g_k, mean_g)
+Usage:
+  python results/grad_variance.py --model tiny    --batches 32 --G 8 --batch-prompts 4 --max-new-tokens 8
+  python results/grad_variance.py --model smollm2 --batches 12 --G 8 --batch-prompts 2 --max-new-tokens 48
+"""
+import argparse
+import json
+import os
+import random
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import grpo  # noqa: E402
+
+ALGOS = ("grpo", "reinforce")
+
+
+def setup(name, seed):
+    """(model, tokenizer, eos_ids, rows): the tiny model answers 'what is i?' with 7; SmolLM2 gets arith."""
+    if name == "tiny":
+        from test_grpo import make_tiny_model
+        path = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), seed=seed)
+        rows = [{"question": f"what is {i}?", "ref": "7"} for i in range(64)]
+        return (*grpo.load_model(path, torch.device("cpu")), rows)
+    rows = grpo.make_arith(64, random.Random(seed))
+    return (*grpo.load_model(name, torch.device("cpu")), rows)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="tiny", help="'tiny' (built here) or anything grpo.py --model takes")
+    p.add_argument("--batches", type=int, default=32, help="K independent rollout batches")
+    p.add_argument("--G", type=int, default=8)
+    p.add_argument("--batch-prompts", type=int, default=4)
+    p.add_argument("--max-new-tokens", type=int, default=8)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="write the result as JSON here")
+    a = p.parse_args()
+    torch.manual_seed(a.seed)
+    model, tokenizer, eos_ids, rows = setup(a.model, a.seed)
+    questions = rows[:a.batch_prompts]  # the same questions in every batch: only the sampling varies
+    prompts = [grpo.build_prompt(tokenizer, q["question"]) for q in questions]
+    refs = [q["ref"] for q in questions for _ in range(a.G)]
+    params = [p for p in model.parameters() if p.requires_grad]
+    store_dtype = torch.float32 if a.model == "tiny" else torch.float16  # K * 135M gradients must fit in memory
+    grads = {algo: [] for algo in ALGOS}
+    rewards_seen, t0 = [], time.time()
+    for k in range(a.batches):
+        batch = grpo.generate(model, tokenizer, prompts, eos_ids, a.max_new_tokens, repeat=a.G, temperature=a.temperature)
+        texts = grpo.decode_completions(tokenizer, batch)
+        rewards = torch.tensor([grpo.reward(t, r) for t, r in zip(texts, refs)])
+        rewards_seen.append(rewards.mean().item())
+        T = batch["completion_mask"].shape[1]
+        logp = grpo.completion_logprobs(model, batch["input_ids"], batch["attention_mask"], T, a.temperature)
+        for algo in ALGOS:
+            adv = grpo.group_advantages(rewards, a.G, algo)
+            loss, _ = grpo.grpo_loss(logp, logp.detach(), None, adv, batch["completion_mask"], beta=0.0)
+            g = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            flat = torch.cat([(x if x is not None else torch.zeros_like(w)).reshape(-1) for x, w in zip(g, params)])
+            grads[algo].append(flat.to(store_dtype))
+        print(f"batch {k + 1}/{a.batches}: reward {rewards_seen[-1]:.3f} ({time.time() - t0:.0f}s)", flush=True)
+    result = {"model": a.model, "K": a.batches, "G": a.G, "B": a.batch_prompts, "max_new_tokens": a.max_new_tokens,
+              "temperature": a.temperature, "reward_mean": sum(rewards_seen) / len(rewards_seen),
+              "seconds": round(time.time() - t0, 1)}
+    for algo in ALGOS:
+        result[algo] = summarize(grads[algo])
+    result["variance_ratio_grpo_over_reinforce"] = result["grpo"]["total_variance"] / result["reinforce"]["total_variance"]
+    result["rel_variance_ratio_grpo_over_reinforce"] = (result["grpo"]["rel_variance"]
+                                                        / result["reinforce"]["rel_variance"])
+    print(json.dumps(result, indent=1))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+def summarize(gs):
+    """Statistics from the Gram matrix, so no K x P float64 copy is ever made."""
+    K = len(gs)
+    gram = torch.zeros(K, K, dtype=torch.float64)
+    for i in range(K):
+        for j in range(i, K):
+            gram[i, j] = gram[j, i] = torch.dot(gs[i].float(), gs[j].float()).item()
+    mean_sq = gram.sum() / K ** 2                     # ||mean_g||^2
+    dot_mean = gram.sum(1) / K                        # <g_k, mean_g>
+    total_var = (gram.diagonal().mean() - mean_sq).item()
+    cos = dot_mean / (gram.diagonal().sqrt() * mean_sq.sqrt())
+    return {"total_variance": total_var, "mean_grad_norm": mean_sq.sqrt().item(),
+            "rel_variance": total_var / mean_sq.item(), "mean_cosine": cos.mean().item()}
+
+
+if __name__ == "__main__":
+    main()
