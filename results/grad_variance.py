@@ -9,8 +9,9 @@ with REINFORCE's (adv = r), from the same rollouts and one shared forward pass. 
   rel. variance    total variance / |mean_g|^2 (scale-free: GRPO's std division rescales gradients)
   mean cosine      mean_k cos(g_k, mean_g)
 Usage:
-  python results/grad_variance.py --model tiny    --batches 32 --G 8 --batch-prompts 4 --max-new-tokens 8
-  python results/grad_variance.py --model smollm2 --batches 12 --G 8 --batch-prompts 2 --max-new-tokens 48
+  python results/grad_variance.py --model tiny --task seven --batches 32 --G 8 --batch-prompts 4 --max-new-tokens 3
+  python results/grad_variance.py --model tiny --task seven --train-steps 40 ...   (at a partly trained policy)
+  python results/grad_variance.py --model smollm2 --task arith --batches 12 --G 8 --batch-prompts 2 --max-new-tokens 48
 """
 import argparse
 import json
@@ -28,20 +29,32 @@ import grpo  # noqa: E402
 ALGOS = ("grpo", "reinforce")
 
 
-def setup(name, seed):
-    """(model, tokenizer, eos_ids, rows): the tiny model answers 'what is i?' with 7; SmolLM2 gets arith."""
+def setup(name, task, seed, train_steps=0):
+    """(model, tokenizer, eos_ids, rows). 'tiny' is a fresh random tiny GPT-2 from test_grpo.py; any other
+    name goes to grpo.load_model (smollm2, or a folder that grpo.py saved, to measure a trained policy)."""
     if name == "tiny":
         from test_grpo import make_tiny_model
-        path = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), seed=seed)
-        rows = [{"question": f"what is {i}?", "ref": "7"} for i in range(64)]
-        return (*grpo.load_model(path, torch.device("cpu")), rows)
-    rows = grpo.make_arith(64, random.Random(seed))
+        name = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), seed=seed)
+    if task == "seven":  # the toy task of results/toy_seeds.py: the answer is always 7
+        rows = [{"question": f"what is {i}?", "answer": "#### 7", "ref": "7"} for i in range(64)]
+    else:
+        rows = grpo.make_arith(64, random.Random(seed))
+    if train_steps:  # measure at a policy that GRPO has already moved, with the toy settings of toy_seeds.py
+        from test_grpo import write_data
+        tmp = tempfile.mkdtemp()
+        data = write_data(os.path.join(tmp, "data"), rows, rows[:8])
+        name = grpo.train(grpo.get_args([
+            "--model", name, "--dataset", data, "--G", "8", "--batch-prompts", "4", "--steps", str(train_steps),
+            "--max-new-tokens", "3", "--micro-batch", "32", "--lr", "3e-3", "--eval-every", "0", "--eval-n", "8",
+            "--seed", str(seed), "--out", os.path.join(tmp, "run")]))
     return (*grpo.load_model(name, torch.device("cpu")), rows)
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="tiny", help="'tiny' (built here) or anything grpo.py --model takes")
+    p.add_argument("--task", default="seven", choices=["seven", "arith"], help="which questions to sample answers to")
+    p.add_argument("--train-steps", type=int, default=0, help="first train the model this many GRPO steps on --task")
     p.add_argument("--batches", type=int, default=32, help="K independent rollout batches")
     p.add_argument("--G", type=int, default=8)
     p.add_argument("--batch-prompts", type=int, default=4)
@@ -51,7 +64,7 @@ def main():
     p.add_argument("--out", default=None, help="write the result as JSON here")
     a = p.parse_args()
     torch.manual_seed(a.seed)
-    model, tokenizer, eos_ids, rows = setup(a.model, a.seed)
+    model, tokenizer, eos_ids, rows = setup(a.model, a.task, a.seed, a.train_steps)
     questions = rows[:a.batch_prompts]  # the same questions in every batch: only the sampling varies
     prompts = [grpo.build_prompt(tokenizer, q["question"]) for q in questions]
     refs = [q["ref"] for q in questions for _ in range(a.G)]
@@ -73,7 +86,7 @@ def main():
             flat = torch.cat([(x if x is not None else torch.zeros_like(w)).reshape(-1) for x, w in zip(g, params)])
             grads[algo].append(flat.to(store_dtype))
         print(f"batch {k + 1}/{a.batches}: reward {rewards_seen[-1]:.3f} ({time.time() - t0:.0f}s)", flush=True)
-    result = {"model": a.model, "K": a.batches, "G": a.G, "B": a.batch_prompts, "max_new_tokens": a.max_new_tokens,
+    result = {"model": a.model, "task": a.task, "train_steps": a.train_steps, "K": a.batches, "G": a.G, "B": a.batch_prompts, "max_new_tokens": a.max_new_tokens,
               "temperature": a.temperature, "reward_mean": sum(rewards_seen) / len(rewards_seen),
               "seconds": round(time.time() - t0, 1)}
     for algo in ALGOS:
@@ -97,9 +110,12 @@ def summarize(gs):
     mean_sq = gram.sum() / K ** 2                     # ||mean_g||^2
     dot_mean = gram.sum(1) / K                        # <g_k, mean_g>
     total_var = (gram.diagonal().mean() - mean_sq).item()
-    cos = dot_mean / (gram.diagonal().sqrt() * mean_sq.sqrt())
+    norms = gram.diagonal().sqrt()
+    # a batch whose groups all have equal rewards gives g = 0 under grpo: it points nowhere, cosine 0
+    cos = torch.where(norms > 0, dot_mean / (norms * mean_sq.sqrt()).clamp(min=1e-30), torch.zeros_like(norms))
     return {"total_variance": total_var, "mean_grad_norm": mean_sq.sqrt().item(),
-            "rel_variance": total_var / mean_sq.item(), "mean_cosine": cos.mean().item()}
+            "rel_variance": total_var / mean_sq.item(), "mean_cosine": cos.mean().item(),
+            "zero_grad_batches": int((norms == 0).sum())}
 
 
 if __name__ == "__main__":
