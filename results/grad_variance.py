@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -69,8 +70,7 @@ def main():
     prompts = [grpo.build_prompt(tokenizer, q["question"]) for q in questions]
     refs = [q["ref"] for q in questions for _ in range(a.G)]
     params = [p for p in model.parameters() if p.requires_grad]
-    store_dtype = torch.float32 if a.model == "tiny" else torch.float16  # K * 135M gradients must fit in memory
-    grads = {algo: [] for algo in ALGOS}
+    grams = {algo: Gram(a.batches) for algo in ALGOS}
     rewards_seen, t0 = [], time.time()
     for k in range(a.batches):
         batch = grpo.generate(model, tokenizer, prompts, eos_ids, a.max_new_tokens, repeat=a.G, temperature=a.temperature)
@@ -83,14 +83,13 @@ def main():
             adv = grpo.group_advantages(rewards, a.G, algo)
             loss, _ = grpo.grpo_loss(logp, logp.detach(), None, adv, batch["completion_mask"], beta=0.0)
             g = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-            flat = torch.cat([(x if x is not None else torch.zeros_like(w)).reshape(-1) for x, w in zip(g, params)])
-            grads[algo].append(flat.to(store_dtype))
+            grams[algo].add(torch.cat([(x if x is not None else torch.zeros_like(w)).reshape(-1) for x, w in zip(g, params)]))
         print(f"batch {k + 1}/{a.batches}: reward {rewards_seen[-1]:.3f} ({time.time() - t0:.0f}s)", flush=True)
     result = {"model": a.model, "task": a.task, "train_steps": a.train_steps, "K": a.batches, "G": a.G, "B": a.batch_prompts, "max_new_tokens": a.max_new_tokens,
               "temperature": a.temperature, "reward_mean": sum(rewards_seen) / len(rewards_seen),
               "seconds": round(time.time() - t0, 1)}
     for algo in ALGOS:
-        result[algo] = summarize(grads[algo])
+        result[algo] = grams[algo].summary()
     result["variance_ratio_grpo_over_reinforce"] = result["grpo"]["total_variance"] / result["reinforce"]["total_variance"]
     result["rel_variance_ratio_grpo_over_reinforce"] = (result["grpo"]["rel_variance"]
                                                         / result["reinforce"]["rel_variance"])
@@ -100,22 +99,35 @@ def main():
             json.dump(result, f, indent=1)
 
 
-def summarize(gs):
-    """Statistics from the Gram matrix, so no K x P float64 copy is ever made."""
-    K = len(gs)
-    gram = torch.zeros(K, K, dtype=torch.float64)
-    for i in range(K):
-        for j in range(i, K):
-            gram[i, j] = gram[j, i] = torch.dot(gs[i].float(), gs[j].float()).item()
-    mean_sq = gram.sum() / K ** 2                     # ||mean_g||^2
-    dot_mean = gram.sum(1) / K                        # <g_k, mean_g>
-    total_var = (gram.diagonal().mean() - mean_sq).item()
-    norms = gram.diagonal().sqrt()
-    # a batch whose groups all have equal rewards gives g = 0 under grpo: it points nowhere, cosine 0
-    cos = torch.where(norms > 0, dot_mean / (norms * mean_sq.sqrt()).clamp(min=1e-30), torch.zeros_like(norms))
-    return {"total_variance": total_var, "mean_grad_norm": mean_sq.sqrt().item(),
-            "rel_variance": total_var / mean_sq.item(), "mean_cosine": cos.mean().item(),
-            "zero_grad_batches": int((norms == 0).sum())}
+class Gram:
+    """Inner products <g_i, g_j> of all K gradient estimates. K gradients of a 135M-parameter model do not
+    fit in memory next to the model, so each one is kept on disk and read back (memory-mapped) once per
+    later gradient: exact, with one gradient in memory at a time."""
+
+    def __init__(self, K):
+        self.dir, self.k = tempfile.mkdtemp(), 0
+        self.gram = torch.zeros(K, K, dtype=torch.float64)
+
+    def add(self, g):
+        for j in range(self.k):
+            other = torch.load(os.path.join(self.dir, f"{j}.pt"), mmap=True)
+            self.gram[self.k, j] = self.gram[j, self.k] = torch.dot(g, other).item()
+        self.gram[self.k, self.k] = torch.dot(g, g).item()
+        torch.save(g, os.path.join(self.dir, f"{self.k}.pt"))
+        self.k += 1
+
+    def summary(self):
+        gram, K = self.gram[:self.k, :self.k], self.k
+        mean_sq = gram.sum() / K ** 2                     # ||mean_g||^2
+        dot_mean = gram.sum(1) / K                        # <g_k, mean_g>
+        total_var = (gram.diagonal().mean() - mean_sq).item()
+        norms = gram.diagonal().sqrt()
+        # a batch whose groups all have equal rewards gives g = 0 under grpo: it points nowhere, cosine 0
+        cos = torch.where(norms > 0, dot_mean / (norms * mean_sq.sqrt()).clamp(min=1e-30), torch.zeros_like(norms))
+        shutil.rmtree(self.dir)
+        return {"total_variance": total_var, "mean_grad_norm": mean_sq.sqrt().item(),
+                "rel_variance": total_var / mean_sq.item(), "mean_cosine": cos.mean().item(),
+                "zero_grad_batches": int((norms == 0).sum())}
 
 
 if __name__ == "__main__":
