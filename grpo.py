@@ -430,7 +430,7 @@ def group_advantages(rewards, G, algo="grpo", eps=1e-4):
     """rewards: (B*G,), grouped as consecutive runs of G. Returns adv, same shape.
 
     grpo:      (r - mean_g) / (std_g + eps)  std with Bessel's correction, as TRL and CS336 use
-    drgrpo:    r - mean_g                    no std scaling, which up-weights near-solved and near-failed groups
+    drgrpo:    r - mean_g                    no std division (which up-weights nearly all-right or all-wrong groups)
     reinforce: r                             no baseline at all
     A group whose rewards are all equal gets adv 0 under grpo and drgrpo (not NaN): it has no signal.
     """

@@ -12,6 +12,7 @@ Usage:
   python results/grad_variance.py --model tiny --task seven --batches 32 --G 8 --batch-prompts 4 --max-new-tokens 3
   python results/grad_variance.py --model tiny --task seven --train-steps 40 ...   (at a partly trained policy)
   python results/grad_variance.py --model smollm2 --task arith --batches 12 --G 8 --batch-prompts 2 --max-new-tokens 48
+  python results/grad_variance.py --table results/variance/*.json > results/variance/table.md
 """
 import argparse
 import json
@@ -51,7 +52,26 @@ def setup(name, task, seed, train_steps=0):
     return (*grpo.load_model(name, torch.device("cpu")), rows)
 
 
+def table(paths):
+    """A markdown table from result files of this script."""
+    out = ["| model, task | policy | mean reward | total variance grpo / reinforce (ratio) | norm of mean g, grpo / reinforce "
+           "| relative variance grpo / reinforce (ratio) | mean cosine grpo / reinforce |", "|---|---|---|---|---|---|---|"]
+    for path in paths:
+        d = json.load(open(path))
+        g, r = d["grpo"], d["reinforce"]
+        policy = f"after {d['train_steps']} GRPO steps" if d.get("train_steps") else "initial"
+        out.append(f"| {os.path.basename(d['model'])}, {d['task']} | {policy} | {d['reward_mean']:.3f} "
+                   f"| {g['total_variance']:.3g} / {r['total_variance']:.3g} ({d['variance_ratio_grpo_over_reinforce']:.2f}) "
+                   f"| {g['mean_grad_norm']:.3g} / {r['mean_grad_norm']:.3g} "
+                   f"| {g['rel_variance']:.2f} / {r['rel_variance']:.2f} ({d['rel_variance_ratio_grpo_over_reinforce']:.2f}) "
+                   f"| {g['mean_cosine']:.3f} / {r['mean_cosine']:.3f} |")
+    return "\n".join(out)
+
+
 def main():
+    if sys.argv[1:2] == ["--table"]:  # python results/grad_variance.py --table FILE.json ... > table.md
+        print(table(sys.argv[2:]))
+        return
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="tiny", help="'tiny' (built here) or anything grpo.py --model takes")
     p.add_argument("--task", default="seven", choices=["seven", "arith"], help="which questions to sample answers to")
