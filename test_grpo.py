@@ -5,11 +5,14 @@ import copy
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import grpo
 
@@ -155,6 +158,33 @@ def test_reward_numeric_comparison(completion, ref, expected):
 def test_reward_strict_vs_lenient():
     assert grpo.reward("the answer is 42", "42") == 1.0
     assert grpo.reward("the answer is 42", "42", strict=True) == 0.0
+
+
+# Fuzzing (hypothesis, 2,500 texts per run): arbitrary unicode, and soups of what answer parsers trip on:
+# many '####', digits that are not ASCII ('٣', '５'), 5000-digit and signed numbers, 'NaN', stray commas.
+
+_NUMERIC = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+_PIECES = st.sampled_from(["####", "#", "-", "--", ",", ".", "$", " ", "\n", "٣", "５", "𝟗", "²", "½", "1e5", "∞",
+                           "NaN", "9" * 5000, "0", "-0", "1,234", "1.5.", ",,,"])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(st.text(), st.lists(_PIECES | st.text(max_size=4) | st.integers().map(str), max_size=40).map("".join)),
+       st.booleans())
+def test_extract_answer_is_total(text, strict):
+    answer = grpo.extract_answer(text, strict=strict)
+    assert answer is None or _NUMERIC.fullmatch(answer), answer
+    assert grpo.reward(text, "5", strict=strict) in (0.0, 1.0)
+    assert grpo.answers_equal(answer, text) in (True, False)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(), st.integers(min_value=-10 ** 400, max_value=10 ** 400), st.booleans())
+def test_last_hash_number_wins_on_any_text(prefix, n, strict):
+    text = f"{prefix}\n#### {n}"
+    assert grpo.extract_answer(text, strict=strict) == str(n)
+    assert grpo.reward(text, str(n), strict=strict) == 1.0
+    assert grpo.reward(text, str(n + 1), strict=strict) == 0.0
 
 
 # ------------------------------------------------------------------ masks and log-probs
