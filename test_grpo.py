@@ -5,21 +5,33 @@ import copy
 import json
 import math
 import os
+import re
+import shlex
+import signal
 import subprocess
 import sys
+import time
+import types
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import grpo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# The models here are tiny: one thread is faster, and on a busy 2-core machine two OpenMP threads waiting on
+# each other made a tiny step take 2-4 s instead of 0.03 s (measured). Subprocesses get it via OMP_NUM_THREADS;
+# it also keeps in-process and subprocess runs bitwise comparable.
+torch.set_num_threads(1)
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz ?.:#+-*=,$\n"
 
 
 # ------------------------------------------------------------------ fixtures: a tiny model, tiny data
 
-def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_extra=None):
+def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_extra=None, eos=True):
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
     vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
@@ -27,10 +39,11 @@ def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one token per character
     tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", unk_token="<unk>")
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>" if eos else None, unk_token="<unk>")
     torch.manual_seed(seed)
+    eos_id = 0 if eos else None  # GPT2Config's own default is 50256, so "no EOS" must be said explicitly
     config = GPT2Config(vocab_size=len(vocab), n_positions=256, n_embd=n_embd, n_layer=n_layer, n_head=2,
-                        bos_token_id=0, eos_token_id=0, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
+                        bos_token_id=eos_id, eos_token_id=eos_id, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
     model = GPT2LMHeadModel(config)
     for key, value in (generation_extra or {}).items():
         setattr(model.generation_config, key, value)
@@ -73,7 +86,7 @@ def data_dir(tmp_path_factory):
 
 def run_cli(*flags, env=None, timeout=600):
     return subprocess.run([sys.executable, os.path.join(HERE, "grpo.py"), *flags], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+                          timeout=timeout, env={**os.environ, **ONE_THREAD, **(env or {})})
 
 
 def args_for(**overrides):
@@ -155,6 +168,33 @@ def test_reward_numeric_comparison(completion, ref, expected):
 def test_reward_strict_vs_lenient():
     assert grpo.reward("the answer is 42", "42") == 1.0
     assert grpo.reward("the answer is 42", "42", strict=True) == 0.0
+
+
+# Fuzzing (hypothesis, 2,500 texts per run): arbitrary unicode, and soups of what answer parsers trip on:
+# many '####', digits that are not ASCII ('٣', '５'), 5000-digit and signed numbers, 'NaN', stray commas.
+
+_NUMERIC = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+_PIECES = st.sampled_from(["####", "#", "-", "--", ",", ".", "$", " ", "\n", "٣", "５", "𝟗", "²", "½", "1e5", "∞",
+                           "NaN", "9" * 5000, "0", "-0", "1,234", "1.5.", ",,,"])
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.one_of(st.text(), st.lists(_PIECES | st.text(max_size=4) | st.integers().map(str), max_size=40).map("".join)),
+       st.booleans())
+def test_extract_answer_is_total(text, strict):
+    answer = grpo.extract_answer(text, strict=strict)
+    assert answer is None or _NUMERIC.fullmatch(answer), answer
+    assert grpo.reward(text, "5", strict=strict) in (0.0, 1.0)
+    assert grpo.answers_equal(answer, text) in (True, False)
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.text(), st.integers(min_value=-10 ** 400, max_value=10 ** 400), st.booleans())
+def test_last_hash_number_wins_on_any_text(prefix, n, strict):
+    text = f"{prefix}\n#### {n}"
+    assert grpo.extract_answer(text, strict=strict) == str(n)
+    assert grpo.reward(text, str(n), strict=strict) == 1.0
+    assert grpo.reward(text, str(n + 1), strict=strict) == 0.0
 
 
 # ------------------------------------------------------------------ masks and log-probs
@@ -520,3 +560,326 @@ def test_bandit_std_normalization_rescales_per_question():
     (J_easy, c_easy), (J_hard, c_hard) = scales
     print("(J, c) per question:", scales)
     assert J_hard < 0.05 and J_easy > 0.2 and c_hard > 1.2 * c_easy, scales  # c: 2.43 vs 1.88
+
+
+# ------------------------------------------------------------------ reliability: resume, interruption, determinism
+#
+# One small run (6 steps, a 6-question training set so the data order is reshuffled twice, beta > 0 so the
+# reference model matters, lr 1e-2 so any lost state shows in the weights) is made once, uninterrupted; the tests
+# below stop the same run in different ways, resume it, and must end with the same metrics and weights.
+
+RUN = ["--G", "4", "--batch-prompts", "2", "--steps", "6", "--max-new-tokens", "8", "--micro-batch", "4",
+       "--eval-every", "2", "--eval-n", "4", "--lr", "1e-2", "--beta", "0.04", "--save-every", "2", "--seed", "2"]
+TIMING = {"step_s", "gen_s", "gen_tok_per_s"}
+
+
+@pytest.fixture(scope="module")
+def run_data(tmp_path_factory):
+    return write_data(tmp_path_factory.mktemp("rundata"), sums(6), sums(4, offset=100))
+
+
+def run_flags(tiny_dir, run_data, out, *extra):
+    return ["--model", tiny_dir, "--dataset", run_data, *RUN, "--out", str(out), *extra]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tiny_dir, run_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("reference") / "run"
+    grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)))
+    return out
+
+
+def comparable_metrics(out):
+    """metrics.jsonl without what may differ between equal runs: timing fields and the output folder."""
+    records = []
+    for line in open(os.path.join(out, "metrics.jsonl")):
+        record = {k: v for k, v in json.loads(line).items() if k not in TIMING and k != "out"}
+        records.append(record)
+    return records
+
+
+def final_weights(out):
+    from safetensors.torch import load_file
+    return load_file(os.path.join(out, "model.safetensors"))
+
+
+def assert_same_run(out, reference):
+    got, want = comparable_metrics(out), comparable_metrics(reference)
+    assert [(r["type"], r.get("step")) for r in got] == [(r["type"], r.get("step")) for r in want]
+    assert got == want
+    a, b = final_weights(out), final_weights(reference)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def trainer_state(out):
+    return json.load(open(os.path.join(out, "checkpoint", "trainer_state.json")))
+
+
+def main_exit(capsys, argv):
+    """grpo.main in-process: (exit status, stderr) as a CompletedProcess-like object."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        grpo.main(argv)
+    return types.SimpleNamespace(returncode=e.value.code, stderr=capsys.readouterr().err)
+
+
+def test_reference_run_is_a_real_test_case(reference_run):
+    """Guards the tests below against passing trivially: if no group had mixed rewards, nothing would move and
+    any resume would look right. Seed 2 was picked for a mixed group at step 1 (measured: at steps 1, 2, 4); from
+    then on AdamW's momentum moves the weights every step. If torch's sampling changes, pick another seed."""
+    train = [r for r in comparable_metrics(reference_run) if r["type"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
+    assert train[0]["reward_std"] > 0 and train[0]["grad_norm"] > 0.1
+    assert all(r["kl"] > 0 for r in train[1:])  # the policy has left the reference
+    assert trainer_state(reference_run)["step"] == 6
+    assert trainer_state(reference_run)["pos"] == 6 and len(trainer_state(reference_run)["order"]) == 6
+
+
+def test_sigterm_mid_step_checkpoints_and_resume_matches_uninterrupted(tiny_dir, run_data, reference_run, tmp_path,
+                                                                       monkeypatch, capsys):
+    out = tmp_path / "run"
+    real_step, calls = grpo.train_step, []
+
+    def step_with_sigterm(*args):
+        calls.append(1)
+        if len(calls) == 3:  # arrives in the middle of step 3, which must still finish
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(*args)
+
+    monkeypatch.setattr(grpo, "train_step", step_with_sigterm)
+    r = main_exit(capsys, run_flags(tiny_dir, run_data, out))
+    assert r.returncode == 128 + signal.SIGTERM
+    assert f"resume with: python {os.path.relpath(grpo.__file__)} --resume {out}" in r.stderr.strip().splitlines()[-1]
+    assert trainer_state(out)["step"] == 3
+    assert [x["step"] for x in comparable_metrics(out) if x["type"] == "train"] == [1, 2, 3]  # flushed
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back after the run
+    monkeypatch.setattr(grpo, "train_step", real_step)
+    grpo.train(grpo.get_args(["--resume", str(out)]))
+    assert_same_run(out, reference_run)
+
+
+def test_ctrl_c_on_the_cli_then_the_printed_command_resumes(tiny_dir, run_data, reference_run, tmp_path):
+    out = tmp_path / "run"
+    proc, stderr = start_slow_run(run_flags(tiny_dir, run_data, out), tmp_path, step_sleep=0.3)
+    wait_for_line(out, '"type": "eval"')  # step 0 evaluated: the handlers are in place, step 1 is running
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=120) == 130
+    message = open(stderr).read().strip().splitlines()[-1]
+    step = trainer_state(out)["step"]
+    assert 1 <= step < 6 and f"stopped after step {step} of 6" in message, message
+    command = shlex.split(message.split("resume with: ")[1])
+    assert command[:2] == ["python", "grpo.py"]
+    r = subprocess.run([sys.executable, *command[1:]], cwd=HERE, capture_output=True, text=True, timeout=600,
+                       env={**os.environ, **ONE_THREAD})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_run(out, reference_run)
+
+
+def test_second_ctrl_c_quits_at_once(tiny_dir, run_data, tmp_path):
+    out = tmp_path / "run"
+    proc, stderr = start_slow_run(run_flags(tiny_dir, run_data, out), tmp_path, step_sleep=30)
+    wait_for_line(out, '"type": "eval"')
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    assert proc.poll() is None, "the first Ctrl-C must let the 30 s step finish"
+    t0 = time.time()
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=20) == -signal.SIGINT  # killed by the signal, not by finishing the step
+    assert time.time() - t0 < 10
+    text = open(stderr).read()
+    assert "stopping after this step to save a checkpoint" in text and "Traceback" not in text
+
+
+def start_slow_run(flags, tmp_path, step_sleep):
+    """grpo.main in a subprocess, with each train_step slowed down so a signal surely lands mid-run."""
+    code = ("import sys, time, grpo\n"
+            "real_step = grpo.train_step\n"
+            f"grpo.train_step = lambda *a: (time.sleep({step_sleep}), real_step(*a))[1]\n"
+            "grpo.main(sys.argv[1:])\n")
+    stderr = tmp_path / "stderr.txt"
+    proc = subprocess.Popen([sys.executable, "-c", code, *flags], cwd=HERE, stdout=subprocess.DEVNULL,
+                            stderr=open(stderr, "w"), env={**os.environ, **ONE_THREAD})
+    return proc, stderr
+
+
+def wait_for_line(out, text, timeout=120):
+    path, t0 = os.path.join(out, "metrics.jsonl"), time.time()
+    while time.time() - t0 < timeout:
+        if os.path.exists(path) and text in open(path).read():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no {text} line in {path} after {timeout} s")
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing in grpo.py may catch it."""
+
+
+def test_kill_while_saving_leaves_the_previous_checkpoint(tiny_dir, run_data, reference_run, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    real_save, saves = torch.save, []
+
+    def save_killed_at_step_4(obj, path, *args, **kwargs):
+        saves.append(path)
+        if len(saves) == 3:  # the second checkpoint (step 4): model and optimizer.pt written, rng.pt not
+            raise Killed
+        return real_save(obj, path, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save_killed_at_step_4)
+    with pytest.raises(Killed):
+        grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)))
+    monkeypatch.setattr(torch, "save", real_save)
+    assert trainer_state(out)["step"] == 2  # the latest complete checkpoint is still step 2's
+    assert os.path.isdir(out / "checkpoint.tmp")  # the half-written one is not used
+    # and a kill between save_checkpoint's two renames leaves only checkpoint.old: resume reads that
+    os.rename(out / "checkpoint", out / "checkpoint.old")
+    grpo.train(grpo.get_args(["--resume", str(out)]))
+    assert_same_run(out, reference_run)
+
+
+def test_two_runs_with_the_same_seed_are_identical(tiny_dir, run_data, reference_run, tmp_path):
+    """The reference ran inside pytest; this one in a fresh process (another hash seed, untouched RNGs)."""
+    out = tmp_path / "run"
+    r = run_cli(*run_flags(tiny_dir, run_data, out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert_same_run(out, reference_run)
+
+
+def test_resume_bad_input(tiny_dir, run_data, reference_run, tmp_path, capsys):
+    before = open(reference_run / "metrics.jsonl").read()
+    assert_one_line_error(main_exit(capsys, ["--resume", str(reference_run)]), "--steps N with N > 6")
+    assert_one_line_error(main_exit(capsys, ["--resume", str(reference_run), "--lr", "1"]), "not --lr")
+    assert_one_line_error(main_exit(capsys, ["--resume", str(tmp_path / "nothing")]), "metrics.jsonl")
+    no_checkpoint = tmp_path / "no_checkpoint"
+    os.makedirs(no_checkpoint)
+    (no_checkpoint / "metrics.jsonl").write_text(open(reference_run / "metrics.jsonl").readline())
+    assert_one_line_error(main_exit(capsys, ["--resume", str(no_checkpoint)]), "no checkpoint")
+    assert open(reference_run / "metrics.jsonl").read() == before
+
+
+# ------------------------------------------------------------------ reliability: non-finite values
+
+def test_nonfinite_updates_are_skipped_and_the_run_stops(tiny_dir, run_data, tmp_path, monkeypatch, capsys):
+    flags = ["--micro-batch", "8", "--steps", "20"]  # one micro-batch: one policy forward pass per step
+    one_step = tmp_path / "one_step"
+    grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, one_step, *flags, "--steps", "1")))
+    real_logprobs, calls = grpo.completion_logprobs, []
+
+    def nan_after_step_1(model, *args):
+        logp = real_logprobs(model, *args)
+        if torch.is_grad_enabled():  # the policy's forward pass (the reference's runs under no_grad)
+            calls.append(1)
+            if len(calls) > 1:
+                return logp * float("nan")
+        return logp
+
+    monkeypatch.setattr(grpo, "completion_logprobs", nan_after_step_1)
+    out = tmp_path / "run"
+    r = main_exit(capsys, run_flags(tiny_dir, run_data, out, *flags))
+    assert r.returncode == 3
+    message = r.stderr.strip().splitlines()[-1]  # after the progress bar: one error line
+    assert message.startswith("error: ") and "steps 2-4" in message and "lower --lr" in message, message
+    train = [x for x in comparable_metrics(out) if x["type"] == "train"]
+    assert [(x["step"], x["update_skipped"]) for x in train] == [(1, False), (2, True), (3, True), (4, True)]
+    assert all(math.isnan(x["loss"]) for x in train[1:])
+    assert trainer_state(out)["step"] == 4 and trainer_state(out)["nonfinite"] == 3
+    # the checkpoint holds the weights after step 1, exactly, and AdamW has taken a single step
+    from safetensors.torch import load_file
+    saved, want = load_file(out / "checkpoint" / "model.safetensors"), final_weights(one_step)
+    assert all(torch.equal(saved[k], want[k]) for k in want)
+    optimizer = torch.load(out / "checkpoint" / "optimizer.pt")
+    assert {s["step"].item() for s in optimizer["state"].values()} == {1.0}
+
+
+# ------------------------------------------------------------------ reliability: hostile and careless input
+
+def test_overlong_prompts_are_dropped_and_counted(tiny_dir, tmp_path, capsys):
+    """The tiny model has 256 positions; 'what is N?' * 30 is a 300-character question."""
+    long_q = {"question": "what is 1? " * 30, "answer": "#### 1"}
+    data = write_data(tmp_path / "d", sums(4) + [long_q], [long_q] + sums(2))
+    out = tmp_path / "run"
+    flags = ["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "2", "--micro-batch", "4",
+             "--max-new-tokens", "8", "--eval-n", "3", "--out", str(out)]
+    grpo.train(grpo.get_args(flags + ["--steps", "3"]))  # 3 steps * 2 questions: every training question is drawn
+    assert "dropped 1 train and 1 test questions" in capsys.readouterr().err
+    config, *rest = comparable_metrics(out)
+    assert (config["n_train"], config["n_test"], config["n_too_long"]) == (4, 2, {"train": 1, "test": 1})
+    assert [x["n"] for x in rest if x["type"] == "eval"] == [2, 2]
+    # nothing fits: --max-new-tokens 250 leaves 6 positions for prompts of 20 characters and more
+    r = main_exit(capsys, flags + ["--out", str(tmp_path / "none"), "--max-new-tokens", "250"])
+    assert_one_line_error(r, "no train question fits", "lower --max-new-tokens")
+    assert not (tmp_path / "none").exists()
+
+
+def test_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, data_dir, tmp_path, capsys):
+    out = tmp_path / "run"
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "1",
+                              "--micro-batch", "2", "--max-new-tokens", "4", "--steps", "1", "--eval-n", "50",
+                              "--out", str(out)]))
+    assert "--eval-n 50 is more than the 10 test questions; evaluating on all 10" in capsys.readouterr().err
+    assert [x["n"] for x in comparable_metrics(out) if x["type"] == "eval"] == [10, 10]
+
+
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_empty_data_file(tiny_dir, tmp_path, capsys, split):
+    data = write_data(tmp_path / "d", [] if split == "train" else sums(3), [] if split == "test" else sums(3))
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data, "--out", str(tmp_path / "run")])
+    assert_one_line_error(r, f"{split}.jsonl holds no rows")
+    assert not (tmp_path / "run").exists()
+
+
+def test_overwrite_removes_the_old_runs_checkpoint(tiny_dir, data_dir, tmp_path, monkeypatch):
+    """Else a new run that dies before its first checkpoint would --resume from the old run's weights."""
+    out = tmp_path / "run"
+    os.makedirs(out / "checkpoint")
+    (out / "metrics.jsonl").write_text('{"type": "config"}\n')
+    (out / "checkpoint" / "trainer_state.json").write_text('{"step": 5}')
+
+    def crash(*args):
+        raise Killed
+
+    monkeypatch.setattr(grpo, "train_step", crash)
+    with pytest.raises(Killed):
+        grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "1",
+                                  "--micro-batch", "2", "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out),
+                                  "--overwrite"]))
+    assert not (out / "checkpoint").exists()
+    assert json.loads(open(out / "metrics.jsonl").readline())["model"] == tiny_dir
+
+
+def test_output_folder_that_cannot_be_written(tiny_dir, data_dir, tmp_path, capsys):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    for out, words in ((a_file, ["is a file, not a folder"]), (a_file / "run", ["cannot be created", "is a file"])):
+        r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--out", str(out)])
+        assert_one_line_error(r, *words)
+    assert a_file.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--device", "meta"], ["--device 'meta'"]),
+    (["--device", "cuda:7"], ["--device cuda:7"]),
+    (["--max-new-tokens", "0"], ["--max-new-tokens", ">= 1"]),
+    (["--max-new-tokens", "-5"], ["--max-new-tokens", ">= 1"]),
+    (["--G", "many"], ["--G", "expected an integer, got 'many'"]),
+    (["--steps", "2.5"], ["--steps", "expected an integer"]),
+    (["--lr", "-0.001"], ["--lr", ">= 0, got -0.001"]),
+    (["--lr", "nan"], ["--lr", ">= 0, got nan"]),
+    (["--temperature", "0"], ["--temperature", "> 0"]),
+    (["--temperature", "inf"], ["--temperature"]),
+    (["--beta", "-0.1"], ["--beta"]),
+    (["--eval-every", "-1"], ["--eval-every"]),
+    (["--seed", "-3"], ["--seed"]),
+    (["--max-nonfinite", "0"], ["--max-nonfinite"]),
+])
+def test_bad_flag_values(data_dir, tmp_path, capsys, flags, words):
+    r = main_exit(capsys, ["--model", "unused", "--dataset", data_dir, "--out", str(tmp_path / "run"), *flags])
+    assert_one_line_error(r, *words)
+    assert not (tmp_path / "run").exists()
+
+
+def test_model_without_eos_token(data_dir, tmp_path):
+    path = make_tiny_model(tmp_path / "m", eos=False)
+    r = run_cli("--model", path, "--dataset", data_dir, "--out", str(tmp_path / "run"))
+    assert_one_line_error(r, "defines no EOS token")
+    assert not (tmp_path / "run").exists()
