@@ -81,6 +81,7 @@ def main():
     p.add_argument("--batch-prompts", type=int, default=4)
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--micro-batch", type=int, default=8, help="sequences per forward/backward, to bound memory")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="write the result as JSON here")
     a = p.parse_args()
@@ -91,6 +92,7 @@ def main():
     refs = [q["ref"] for q in questions for _ in range(a.G)]
     params = [p for p in model.parameters() if p.requires_grad]
     grams = {algo: Gram(a.batches) for algo in ALGOS}
+    n_params = sum(w.numel() for w in params)
     rewards_seen, t0 = [], time.time()
     for k in range(a.batches):
         batch = grpo.generate(model, tokenizer, prompts, eos_ids, a.max_new_tokens, repeat=a.G, temperature=a.temperature)
@@ -98,12 +100,27 @@ def main():
         rewards = torch.tensor([grpo.reward(t, r) for t, r in zip(texts, refs)])
         rewards_seen.append(rewards.mean().item())
         T = batch["completion_mask"].shape[1]
-        logp = grpo.completion_logprobs(model, batch["input_ids"], batch["attention_mask"], T, a.temperature)
+        advs = {algo: grpo.group_advantages(rewards, a.G, algo) for algo in ALGOS}
+        flat = {algo: torch.zeros(n_params) for algo in ALGOS}
+        N = len(texts)
+        # One forward per micro-batch serves both algorithms; the micro-batch shares add up to the full-batch
+        # loss (test_micro_batching_equals_full_batch), so the summed gradients are the full-batch gradient.
+        for start in range(0, N, a.micro_batch):
+            sl = slice(start, start + a.micro_batch)
+            logp = grpo.completion_logprobs(model, batch["input_ids"][sl], batch["attention_mask"][sl], T, a.temperature)
+            for i, algo in enumerate(ALGOS):
+                loss, _ = grpo.grpo_loss(logp, logp.detach(), None, advs[algo][sl], batch["completion_mask"][sl],
+                                         beta=0.0, n_seqs=N)
+                g = torch.autograd.grad(loss, params, retain_graph=i < len(ALGOS) - 1, allow_unused=True)
+                offset = 0
+                for x, w in zip(g, params):  # add into one flat vector in place: no second copy of the gradient
+                    if x is not None:
+                        flat[algo][offset:offset + w.numel()] += x.reshape(-1)
+                    offset += w.numel()
+            del logp, g
         for algo in ALGOS:
-            adv = grpo.group_advantages(rewards, a.G, algo)
-            loss, _ = grpo.grpo_loss(logp, logp.detach(), None, adv, batch["completion_mask"], beta=0.0)
-            g = torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
-            grams[algo].add(torch.cat([(x if x is not None else torch.zeros_like(w)).reshape(-1) for x, w in zip(g, params)]))
+            grams[algo].add(flat[algo])
+        del flat
         print(f"batch {k + 1}/{a.batches}: reward {rewards_seen[-1]:.3f} ({time.time() - t0:.0f}s)", flush=True)
     result = {"model": a.model, "task": a.task, "train_steps": a.train_steps, "K": a.batches, "G": a.G, "B": a.batch_prompts, "max_new_tokens": a.max_new_tokens,
               "temperature": a.temperature, "reward_mean": sum(rewards_seen) / len(rewards_seen),

@@ -11,7 +11,7 @@ for n in 0 30 60; do
   python results/grad_variance.py --model tiny --task seven --train-steps $n --batches 32 --G 8 \
     --batch-prompts 4 --max-new-tokens 3 --out results/variance/tiny_trained$n.json
 done
-python results/grad_variance.py --model smollm2 --task arith --batches 12 --G 8 --batch-prompts 2 \
+OMP_NUM_THREADS=1 python results/grad_variance.py --model smollm2 --task arith --batches 12 --G 8 --batch-prompts 2 \
   --max-new-tokens 48 --temperature 0.7 --out results/variance/smollm2_arith.json
 
 # 2. Toy task, 10 seeds x {grpo, reinforce}.
@@ -33,5 +33,5 @@ python results/plot.py --run grpo=results/smollm2_arith/grpo.jsonl --run reinfor
 
 # 3b. GSM8K itself with SmolLM2: how many groups carry any signal?
 python grpo.py --model smollm2 --dataset ../shared/gsm8k --G 8 --batch-prompts 4 --max-new-tokens 160 \
-  --temperature 0.7 --lr 1e-5 --beta 0 --steps 4 --eval-every 0 --eval-n 32 --out runs/gsm8k_signal --overwrite
+  --temperature 0.7 --lr 1e-5 --beta 0 --steps 3 --eval-every 0 --eval-n 16 --out runs/gsm8k_signal --overwrite
 cp runs/gsm8k_signal/metrics.jsonl results/gsm8k_signal/metrics.jsonl
