@@ -31,17 +31,23 @@ Run it:
         --temperature 0.7 --lr 1e-5 --steps 10 --eval-every 5 --eval-n 50 --out runs/quickstart   # CPU, offline
     python grpo.py --dataset ../shared/gsm8k ...          # GSM8K from local train.jsonl/test.jsonl
     python grpo.py --resume runs/grpo                     # continue a run stopped by Ctrl-C, SIGTERM or a kill
+    torchrun --standalone --nproc_per_node=8 grpo.py --batch-prompts 32 --G 8   # 8 GPUs, 4 questions each per step
 
 Ctrl-C or SIGTERM finishes the current step, writes OUT/checkpoint and prints the command that resumes;
 resuming on CPU gives bit for bit the run that never stopped (README: "What this guarantees").
 
+Under torchrun every GPU holds a whole copy of the model and answers B/W of the questions; DDP averages the
+gradients, so the update is the one a single process holding all B questions would make.
+
 Deliberately left out, to keep the algorithm in view: a value model (that is the point of GRPO),
 vLLM or any other inference engine (generation is transformers' `generate`), LoRA, learning-rate
-schedules, multi-GPU, reward models and format rewards.
+schedules, sharding the model over GPUs (FSDP, tensor parallelism), reward models and format rewards.
 """
 
 import argparse
+import contextlib
 import copy
+import hashlib
 import json
 import math
 import os
@@ -58,6 +64,7 @@ import urllib.parse
 from decimal import Decimal, InvalidOperation
 
 import torch
+import torch.distributed as dist
 
 
 class ConfigError(Exception):
@@ -184,8 +191,14 @@ def resumed_args(parser, argv, out):
 
 def check_args(args):
     """Reject bad flags before anything is loaded or written (single values are checked by their argparse type)."""
-    if (args.batch_prompts * args.G) % args.micro_batch:
-        raise ConfigError(f"--micro-batch {args.micro_batch} must divide B*G = {args.batch_prompts * args.G}")
+    world_size = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun; the process group is joined later
+    if args.batch_prompts % world_size:
+        raise ConfigError(f"--batch-prompts {args.batch_prompts} must be divisible by the {world_size} processes "
+                          f"torchrun started: each one answers B/{world_size} of the questions")
+    n_seqs = args.batch_prompts * args.G // world_size  # sequences each process trains on per step
+    if n_seqs % args.micro_batch:
+        per_process = f" per process (B*G/{world_size})" if world_size > 1 else ""
+        raise ConfigError(f"--micro-batch {args.micro_batch} must divide B*G{per_process} = {n_seqs}")
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -199,6 +212,13 @@ def check_args(args):
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise ConfigError(f"--device {args.device}: torch sees only {torch.cuda.device_count()} GPU(s); use cuda:0 .. "
                           f"cuda:{torch.cuda.device_count() - 1}")
+    if world_size > 1 and device.type == "cuda":
+        if device.index is not None:
+            raise ConfigError(f"--device {args.device}: under torchrun each process takes the GPU of its LOCAL_RANK; "
+                              "pass --device cuda or auto")
+        if int(os.environ.get("LOCAL_RANK", 0)) >= torch.cuda.device_count():
+            raise ConfigError(f"torchrun started more processes on this node than the {torch.cuda.device_count()} "
+                              "GPU(s) torch sees; lower --nproc_per_node")
     check_out(args.out)
     if args.resume:
         state = read_trainer_state(args.out)
@@ -596,6 +616,136 @@ def grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps=0.2, beta=0.04, loss
 
 
 # --------------------------------------------------------------------------------------------------
+# Several GPUs or nodes: `torchrun` starts one process (a rank) per GPU, each holding a whole copy of the
+# model (data parallelism, PyTorch's DistributedDataParallel). All ranks draw the same B questions; rank r
+# samples the G answers of its own B/W of them, so a group never spans ranks and its statistics stay local.
+# DDP averages the gradients over ranks in backward, so every rank takes the same AdamW step and the
+# copies stay identical. In a plain `python grpo.py` every function here returns its input unchanged.
+# --------------------------------------------------------------------------------------------------
+
+def init_distributed(device):
+    """Under torchrun (it sets WORLD_SIZE, RANK and LOCAL_RANK) join the process group and return this rank's
+    device: cuda:LOCAL_RANK with the nccl backend, or the CPU with gloo. Otherwise return `device` as it is."""
+    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)  # nccl, and all_gather_object with it, communicate from the current GPU
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def rank_and_world():
+    """(rank, number of ranks) once this process has joined the process group; (0, 1) otherwise."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def wrap_ddp(model, device):
+    """The model as it is trained: DDP(model) under torchrun, whose backward all-reduces the gradients; the
+    model itself in one process. Generation, evaluation, the reference model and saving use the bare model."""
+    if rank_and_world()[1] == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def gradient_sync(model, sync):
+    """Around one micro-batch's forward and backward: DDP all-reduces gradients in every backward, so all
+    but the last micro-batch of a pass run under no_sync and accumulate locally; the last backward then
+    all-reduces the sum. (Syncing every time would give the same gradient, with W times the traffic.)"""
+    return contextlib.nullcontext() if sync or not hasattr(model, "no_sync") else model.no_sync()
+
+
+def rank_share(items):
+    """This rank's contiguous share of items: rank r of W takes items[r*n/W : (r+1)*n/W]."""
+    rank, world_size = rank_and_world()
+    return items[rank * len(items) // world_size:(rank + 1) * len(items) // world_size]
+
+
+def _comm_device():
+    """Where collectives take their tensors: the current GPU for nccl, the CPU for gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_reduce(x, op="sum"):
+    """Tensor x summed (or its maximum taken) over all ranks, on every rank; x itself in one process."""
+    if rank_and_world()[1] == 1:
+        return x
+    y = x.to(_comm_device(), copy=True)
+    dist.all_reduce(y, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])  # gloo has no AVG
+    return y.to(x.device)
+
+
+def mean_over_ranks(values):
+    """A dict of numbers averaged over ranks, with one all_reduce; the dict itself in one process."""
+    world_size = rank_and_world()[1]
+    if world_size == 1:
+        return values
+    total = all_reduce(torch.tensor(list(values.values()), dtype=torch.float64))
+    return dict(zip(values, (total / world_size).tolist()))
+
+
+def gather_rows(x):
+    """Every rank's tensor x (the same shape on all) concatenated along dim 0 in rank order; x in one process."""
+    world_size = rank_and_world()[1]
+    if world_size == 1:
+        return x
+    y = x.to(_comm_device()).contiguous()
+    parts = [torch.empty_like(y) for _ in range(world_size)]
+    dist.all_gather(parts, y)
+    return torch.cat(parts).to(x.device)
+
+
+def gather_objects(obj):
+    """Every rank's obj (anything picklable) as a list in rank order; [obj] in one process."""
+    world_size = rank_and_world()[1]
+    if world_size == 1:
+        return [obj]
+    objs = [None] * world_size
+    dist.all_gather_object(objs, obj)
+    return objs
+
+
+def barrier():
+    if rank_and_world()[1] > 1:
+        dist.barrier()
+
+
+def leave_process_group():
+    """At a clean end, on every rank. The barrier keeps a rank from closing its connections while another still
+    reads from them (rank 0 saving the model, say). Not after an error on one rank: the others may be inside a
+    collective, where destroying can hang; torchrun ends them once this rank exits."""
+    if rank_and_world()[1] > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def note(text):
+    """A line on stderr, from rank 0 only: the ranks would all say the same."""
+    if rank_and_world()[0] == 0:
+        print(text, file=sys.stderr)
+
+
+def agree_on_stop(stop):
+    """The stop signal received by any rank (None if none), the same on every rank. Under torchrun a signal may
+    reach one rank only, or reach them during different steps; a rank that stopped alone would leave the others
+    waiting forever in the next step's all-reduce. Called once per step, between steps."""
+    if rank_and_world()[1] > 1:
+        stop["signal"] = int(all_reduce(torch.tensor(stop["signal"] or 0), op="max")) or None
+    return stop["signal"]
+
+
+def weights_digest(model):
+    """sha256 over the bytes of every parameter: equal digests mean bitwise equal weights."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
+
+
+# --------------------------------------------------------------------------------------------------
 # One training step: gradients over micro-batches, then one AdamW update per pass (mu passes).
 # --------------------------------------------------------------------------------------------------
 
@@ -605,26 +755,32 @@ def accumulate_gradients(model, ref_model, batch, adv, args, cache):
     detached log-probs ARE pi_old and no extra forward pass is needed (with mu == 1, ratio == 1)."""
     ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
     N, T = mask.shape
-    n_tokens = mask.sum()
+    # Under torchrun this rank holds N = B*G/W of the sequences and DDP averages the W ranks' gradients.
+    # seq and const divide by this rank's N, equal on all ranks: (1/W) sum_r S_r / N = sum S_r / (B*G), the
+    # one-process loss. token must divide by all T tokens of the batch; dividing by their mean per rank, T/W,
+    # gives (1/W) sum_r S_r / (T/W) = sum S_r / T. In one process, n_tokens is this batch's own count.
+    n_tokens = all_reduce(mask.sum()) / rank_and_world()[1]
     totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
     for k, start in enumerate(range(0, N, args.micro_batch)):
         sl = slice(start, start + args.micro_batch)
-        logp = completion_logprobs(model, ids[sl], attn[sl], T, args.temperature)
-        if k not in cache:
-            ref_logp = None
-            if ref_model is not None:
-                with torch.no_grad():
-                    ref_logp = completion_logprobs(ref_model, ids[sl], attn[sl], T, args.temperature)
-            cache[k] = (logp.detach(), ref_logp)
-        old_logp, ref_logp = cache[k]
-        loss, stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], args.clip_eps, args.beta,
-                                args.loss_agg, N, n_tokens, args.max_new_tokens)
-        loss.backward()
+        with gradient_sync(model, sync=start + args.micro_batch >= N):  # the last micro-batch all-reduces
+            logp = completion_logprobs(model, ids[sl], attn[sl], T, args.temperature)
+            if k not in cache:
+                ref_logp = None
+                if ref_model is not None:
+                    with torch.no_grad():
+                        ref_logp = completion_logprobs(ref_model, ids[sl], attn[sl], T, args.temperature)
+                cache[k] = (logp.detach(), ref_logp)
+            old_logp, ref_logp = cache[k]
+            loss, stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], args.clip_eps, args.beta,
+                                    args.loss_agg, N, n_tokens, args.max_new_tokens)
+            loss.backward()
         share = mask[sl].sum().item() / n_tokens.clamp(min=1).item()  # token-weighted diagnostics
         totals["loss"] += loss.item()  # the shares add up to the full-batch loss
         for key in stats:
             totals[key] += stats[key] * share
-    return totals
+    # with the denominators above each rank's totals are its share of the batch's: their mean is the batch's
+    return mean_over_ranks(totals)
 
 
 def train_step(model, ref_model, optimizer, batch, adv, args):
@@ -639,6 +795,8 @@ def train_step(model, ref_model, optimizer, batch, adv, args):
         # clip_grad_norm_ returns the norm before clipping: the number worth watching
         stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
         history.append(stats)
+        # Under torchrun the loss is averaged over ranks and the gradients all-reduced, so a NaN on any rank is a
+        # NaN on all of them: every rank skips the same updates and none steps alone.
         if not (math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])):
             optimizer.zero_grad(set_to_none=True)  # no step: weights and optimizer state stay as they were
             skipped = True
@@ -653,13 +811,16 @@ def train_step(model, ref_model, optimizer, batch, adv, args):
 # --------------------------------------------------------------------------------------------------
 
 def evaluate(model, tokenizer, rows, eos_ids, args, n_samples=3):
+    """Greedy accuracy on the first --eval-n test questions. Under torchrun each rank answers its share of them
+    and the counts are summed; the samples are the first n_samples questions' answers, as in one process."""
     model.eval()
     rows = rows[:args.eval_n]
     strict = lenient = 0
     samples = []
-    batch_size = args.batch_prompts * args.G  # the rollout batch size, so it fits whenever sampling does
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start:start + batch_size]
+    batch_size = args.batch_prompts * args.G // rank_and_world()[1]  # a rank's rollout batch: fits if sampling does
+    mine = rank_share(rows)
+    for start in range(0, len(mine), batch_size):
+        chunk = mine[start:start + batch_size]
         out = generate(model, tokenizer, [build_prompt(tokenizer, r["question"]) for r in chunk], eos_ids,
                        args.max_new_tokens)
         texts = decode_completions(tokenizer, out)
@@ -668,6 +829,8 @@ def evaluate(model, tokenizer, rows, eos_ids, args, n_samples=3):
             lenient += reward(text, row["ref"], strict=False)
             if len(samples) < n_samples:
                 samples.append({"question": row["question"], "completion": text, "ref": row["ref"]})
+    strict, lenient = all_reduce(torch.tensor([strict, lenient], dtype=torch.float64)).tolist()
+    samples = [x for rank_samples in gather_objects(samples) for x in rank_samples][:n_samples]
     return {"acc_strict": strict / len(rows), "acc_lenient": lenient / len(rows), "n": len(rows), "samples": samples}
 
 
@@ -677,16 +840,17 @@ def evaluate(model, tokenizer, rows, eos_ids, args, n_samples=3):
 
 def train(args):
     check_args(args)
+    device = init_distributed(torch.device(args.device))  # under torchrun: join the other ranks, take this rank's GPU
+    rank, world_size = rank_and_world()
     random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    torch.manual_seed(args.seed + rank)  # ranks share the data order (data_rng below), not the sampling stream
     train_rows, test_rows = load_data(args.dataset, args.seed)
-    device = torch.device(args.device)
     # The policy always starts from --model, also on --resume: the frozen reference must be the starting policy.
     model, tokenizer, eos_ids = load_model(args.model, device)
     train_rows, test_rows, n_too_long = drop_too_long(train_rows, test_rows, model, tokenizer, args.max_new_tokens)
     if args.eval_n > len(test_rows):
-        print(f"note: --eval-n {args.eval_n} is more than the {len(test_rows)} test questions; "
-              f"evaluating on all {len(test_rows)}", file=sys.stderr)
+        note(f"note: --eval-n {args.eval_n} is more than the {len(test_rows)} test questions; "
+             f"evaluating on all {len(test_rows)}")
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
     # The reference is the starting policy, frozen. With beta == 0 the KL term vanishes: skip the copy.
@@ -702,40 +866,53 @@ def train(args):
         if state["n_train"] != len(train_rows):
             raise ConfigError(f"the training set has {len(train_rows)} questions, the checkpoint in {args.out} was "
                               f"made with {state['n_train']}; resume with the data the run started with")
+    # What train_step runs: DDP(model) under torchrun, which also starts every rank from rank 0's weights.
+    ddp_model = wrap_ddp(model, device)
 
-    config = {"type": "config", **{k: v for k, v in vars(args).items() if k != "resume"},
-              "n_train": len(train_rows), "n_test": len(test_rows), "n_too_long": n_too_long}
-    try:
-        log = open_metrics(args.out, config, keep_until=state["step"] if args.resume else None)
-    except OSError as e:
-        raise ConfigError(f"cannot write to --out {args.out} ({e.strerror}); pick another --out") from None
+    log = None  # rank 0 writes OUT (metrics, checkpoints, the model); the other ranks only compute
+    if rank == 0:
+        config = {"type": "config", **{k: v for k, v in vars(args).items() if k != "resume"},
+                  "n_train": len(train_rows), "n_test": len(test_rows), "n_too_long": n_too_long,
+                  "world_size": world_size}
+        try:
+            log = open_metrics(args.out, config, keep_until=state["step"] if args.resume else None)
+        except OSError as e:
+            raise ConfigError(f"cannot write to --out {args.out} ({e.strerror}); pick another --out") from None
 
     def write(record):
-        log.write(json.dumps(record) + "\n")
-        log.flush()  # a killed run keeps every line written so far
+        if log is not None:
+            log.write(json.dumps(record) + "\n")
+            log.flush()  # a killed run keeps every line written so far
 
     def checkpoint():
-        save_checkpoint(args.out, model, tokenizer, optimizer, state, rng_states(data_rng))
+        rng = gather_objects(rng_states(data_rng))  # every rank's, so each one resumes its own sampling stream
+        if rank == 0:
+            save_checkpoint(args.out, model, tokenizer, optimizer, state, rng)
+        barrier()  # no rank may exit before it is written: torchrun kills all ranks when one exits with an error
 
     from tqdm import tqdm
-    bar = tqdm(total=args.steps, initial=state["step"], desc="grpo", dynamic_ncols=True)
+    bar = tqdm(total=args.steps, initial=state["step"], desc="grpo", dynamic_ncols=True, disable=rank != 0)
+
+    def say(text):
+        if rank == 0:
+            bar.write(text)
 
     def run_eval(step):
         result = evaluate(model, tokenizer, test_rows, eos_ids, args)
         state["last_acc"] = result["acc_lenient"]
         write({"type": "eval", "step": step, **result})
-        bar.write(f"eval step {step}: acc strict {result['acc_strict']:.3f} lenient {result['acc_lenient']:.3f} (n={result['n']})")
+        say(f"eval step {step}: acc strict {result['acc_strict']:.3f} lenient {result['acc_lenient']:.3f} (n={result['n']})")
 
     stop = {"signal": None}
     restore_handlers = catch_stop_signals(stop)
     try:
         if args.resume:
-            restore_rng(rng, data_rng)  # last, so nothing between the checkpoint and step k+1 draws a number
+            restore_rng(rng, data_rng, args.seed, state["step"])  # last: nothing may draw a number before step k+1
         else:
             run_eval(0)
         saved_at = None
         # A signal or too many non-finite updates end the loop only between steps: a step is never cut in half.
-        while state["step"] < args.steps and stop["signal"] is None and state["nonfinite"] < args.max_nonfinite:
+        while state["step"] < args.steps and agree_on_stop(stop) is None and state["nonfinite"] < args.max_nonfinite:
             step = state["step"] + 1
             t0 = time.time()
             questions = []
@@ -744,6 +921,7 @@ def train(args):
                     state["order"], state["pos"] = data_rng.sample(range(len(train_rows)), len(train_rows)), 0
                 questions.append(train_rows[state["order"][state["pos"]]])
                 state["pos"] += 1
+            questions = rank_share(questions)  # every rank drew the same B questions; it answers its own B/W of them
             # 1. sample a group of G answers per question from the current (= old) policy
             batch = generate(model, tokenizer, [build_prompt(tokenizer, q["question"]) for q in questions], eos_ids,
                              args.max_new_tokens, repeat=args.G, temperature=args.temperature)
@@ -755,15 +933,18 @@ def train(args):
             # 3. advantages relative to the group
             adv = group_advantages(rewards, args.G, args.algo)
             # 4. mu policy updates on this batch of rollouts
-            stats = train_step(model, ref_model, optimizer, batch, adv, args)
+            stats = train_step(ddp_model, ref_model, optimizer, batch, adv, args)
             state["nonfinite"] = state["nonfinite"] + 1 if stats["update_skipped"] else 0
 
+            # the metrics describe all B*G answers: every rank's rewards, lengths and truncation flags, in order
+            rewards, lengths, truncated = gather_rows(torch.stack(
+                [rewards, batch["completion_mask"].sum(1).float(), batch["truncated"].float()], 1)).unbind(1)
             groups = rewards.view(-1, args.G)
-            n_gen = batch["completion_mask"].sum().item()
+            n_gen = lengths.sum().item()
             record = {"type": "train", "step": step,
                       "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
                       "frac_zero_std": (groups.max(1).values == groups.min(1).values).float().mean().item(),
-                      "completion_len": n_gen / len(texts), "trunc_rate": batch["truncated"].float().mean().item(),
+                      "completion_len": n_gen / len(rewards), "trunc_rate": truncated.mean().item(),
                       **stats, "lr": optimizer.param_groups[0]["lr"],
                       "step_s": time.time() - t0, "gen_s": t_gen, "gen_tok_per_s": n_gen / max(t_gen, 1e-9)}
             write(record)
@@ -772,8 +953,8 @@ def train(args):
             bar.set_postfix(reward=f"{record['reward_mean']:.3f}",
                             acc="-" if state["last_acc"] is None else f"{state['last_acc']:.3f}")
             if stats["update_skipped"]:
-                bar.write(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update "
-                          f"skipped ({state['nonfinite']} in a row, the run stops at --max-nonfinite {args.max_nonfinite})")
+                say(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update "
+                    f"skipped ({state['nonfinite']} in a row, the run stops at --max-nonfinite {args.max_nonfinite})")
             if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
                 run_eval(step)
             # a checkpoint is the state after everything of its step, eval included
@@ -789,14 +970,22 @@ def train(args):
                           f"{os.path.join(args.out, 'checkpoint')}; lower --lr and start again", status=3)
         if state["step"] < args.steps:
             name = signal.Signals(stop["signal"]).name
-            command = shlex.join(["python", os.path.relpath(__file__), "--resume", args.out])
             raise Stopped(f"{name}: stopped after step {state['step']} of {args.steps}, checkpoint saved; "
-                          f"resume with: {command}", status=128 + stop["signal"])  # the shell's code for that signal
-        save(model, tokenizer, args.out)  # the final model, loadable with from_pretrained(OUT)
+                          f"resume with: {resume_command(args.out)}",
+                          status=128 + stop["signal"])  # the shell's code for that signal
+        if world_size > 1:  # a check at run time that DDP kept the copies identical, bit for bit
+            digests = gather_objects(weights_digest(model))
+            write({"type": "replicas", "step": state["step"], "sha256": digests})
+            if len(set(digests)) > 1:
+                say(f"warning: after step {state['step']} the weights differ between ranks (sha256 {digests}); "
+                    "this is a bug, please report it")
+        if rank == 0:
+            save(model, tokenizer, args.out)  # the final model, loadable with from_pretrained(OUT)
     finally:
         restore_handlers()
         bar.close()
-        log.close()
+        if log is not None:
+            log.close()
     return args.out
 
 
@@ -811,8 +1000,8 @@ def drop_too_long(train_rows, test_rows, model, tokenizer, max_new_tokens):
             raise ConfigError(f"no {split} question fits the model's {limit} positions with --max-new-tokens "
                               f"{max_new_tokens}; lower --max-new-tokens")
     if any(dropped.values()):
-        print(f"note: dropped {dropped['train']} train and {dropped['test']} test questions whose prompt + "
-              f"--max-new-tokens {max_new_tokens} exceeds the model's {limit} positions", file=sys.stderr)
+        note(f"note: dropped {dropped['train']} train and {dropped['test']} test questions whose prompt + "
+             f"--max-new-tokens {max_new_tokens} exceeds the model's {limit} positions")
     return kept[0], kept[1], dropped
 
 
@@ -897,15 +1086,26 @@ def load_checkpoint(path, model, optimizer):
 
 
 def rng_states(data_rng):
-    """Every random number source the run draws from: torch's (sampling), CUDA's, Python's, and the data order's."""
+    """Every random number source this rank draws from: torch's (sampling), CUDA's, Python's, and the data order's."""
     return {"torch": torch.get_rng_state(), "python": random.getstate(), "data": data_rng.getstate(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
 
 
-def restore_rng(rng, data_rng):
+def restore_rng(saved, data_rng, seed, step):
+    """saved: the rng_states of every rank of the run that wrote the checkpoint, in rank order. With as many
+    ranks now, each rank continues its own streams exactly. With another number of ranks the data order still
+    continues exactly (it is the same on every rank), but each rank starts a fresh sampling stream, seeded from
+    (seed, step, rank): the run continues correctly, not bit for bit."""
+    rank, world_size = rank_and_world()
+    if isinstance(saved, dict):  # written before torchrun support: one process's states
+        saved = [saved]
+    data_rng.setstate(saved[0]["data"])
+    if len(saved) != world_size:
+        torch.manual_seed(hash((seed, step, rank)))  # the hash of a tuple of ints is the same in every process
+        return
+    rng = saved[rank]
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
-    data_rng.setstate(rng["data"])
     if rng["cuda"] and len(rng["cuda"]) == torch.cuda.device_count():  # on other hardware the run continues, not bit-exact
         torch.cuda.set_rng_state_all(rng["cuda"])
 
@@ -931,14 +1131,30 @@ def catch_stop_signals(stop):
     return lambda: [signal.signal(s, h) for s, h in previous.items()]
 
 
+def resume_command(out):
+    """The command that continues this run: python, or torchrun with as many processes per node."""
+    script = os.path.relpath(__file__)
+    world_size = rank_and_world()[1]
+    if world_size == 1:
+        return shlex.join(["python", script, "--resume", out])
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if per_node == world_size:  # one node
+        return shlex.join(["torchrun", "--standalone", f"--nproc_per_node={per_node}", script, "--resume", out])
+    command = shlex.join(["torchrun", f"--nproc_per_node={per_node}", script, "--resume", out])
+    return command + " on every node, with the --nnodes and --rdzv flags the run started with"
+
+
 def main(argv=None):
     try:
         train(get_args(argv))
+        leave_process_group()
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {e}", file=sys.stderr)  # every rank: a bad file may be bad on one node only
         sys.exit(2)
     except Stopped as e:
-        print(e, file=sys.stderr)
+        if rank_and_world()[0] == 0:  # the ranks stopped together, for the same reason
+            print(e, file=sys.stderr)
+        leave_process_group()
         sys.exit(e.status)
     except KeyboardInterrupt:  # Ctrl-C while loading, before there was anything to save
         print("interrupted before training started; nothing to resume", file=sys.stderr)

@@ -8,6 +8,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -883,3 +884,156 @@ def test_model_without_eos_token(data_dir, tmp_path):
     r = run_cli("--model", path, "--dataset", data_dir, "--out", str(tmp_path / "run"))
     assert_one_line_error(r, "defines no EOS token")
     assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ several processes: torchrun and DDP (gloo, CPU)
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def ddp_gradient_worker(rank, world_size, port, work):
+    """One rank of test_ddp_gradient_equals_one_process: joins the group the way torchrun's environment makes
+    grpo.py join it, backwards its half of the fixed batch through DDP and saves its gradients."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size))
+    device = grpo.init_distributed(torch.device("cpu"))
+    setup = torch.load(os.path.join(work, "setup.pt"))
+    model, _, _ = grpo.load_model(setup["policy"], device)
+    ref, _, _ = grpo.load_model(setup["ref"], device)
+    ddp_model = grpo.wrap_ddp(model, device)
+    half = {k: grpo.rank_share(v) for k, v in setup["batch"].items()}
+    result = {"n_tokens": half["completion_mask"].sum().item()}
+    for loss_agg in ("seq", "token", "const"):
+        args = args_for(micro_batch=2, loss_agg=loss_agg, **setup["flags"])  # 2 micro-batches: no_sync, then sync
+        model.zero_grad()
+        stats = grpo.accumulate_gradients(ddp_model, ref, half, grpo.rank_share(setup["adv"]), args, cache={})
+        result[loss_agg] = (grads(model), stats)
+    torch.save(result, os.path.join(work, f"rank{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def test_ddp_gradient_equals_one_process(tiny_dir, tiny, tmp_path):
+    """A fixed batch of 8 completions: the gradient of one process holding all of it must equal the DDP
+    gradient of 2 processes holding 4 each, for every loss aggregation; for token that needs the global token
+    count (the halves below have different counts, so a per-rank count would fail)."""
+    model, tokenizer, eos_ids = tiny
+    batch = rollout(model, tokenizer, eos_ids, seed=1)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():  # move the reference away so the KL term has a gradient too
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    ref.save_pretrained(tmp_path / "ref")
+    tokenizer.save_pretrained(tmp_path / "ref")
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0])
+    flags = {"beta": 0.1, "temperature": 1.0, "max_new_tokens": 10}
+    torch.save({"policy": tiny_dir, "ref": str(tmp_path / "ref"), "batch": batch, "adv": adv, "flags": flags},
+               tmp_path / "setup.pt")
+    torch.multiprocessing.spawn(ddp_gradient_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert ranks[0]["n_tokens"] != ranks[1]["n_tokens"], "needs halves with different token counts"
+    for loss_agg in ("seq", "token", "const"):
+        model.zero_grad()
+        args = args_for(micro_batch=8, loss_agg=loss_agg, **flags)
+        stats = grpo.accumulate_gradients(model, ref, batch, adv, args, cache={})
+        one = grads(model)
+        diff = max((g1 - g2).abs().max().item() for g1, g2 in zip(one, ranks[0][loss_agg][0]))
+        print(f"{loss_agg}: max |1-process grad - 2-process grad| = {diff:.2e}")
+        for g1, g2a, g2b in zip(one, ranks[0][loss_agg][0], ranks[1][loss_agg][0]):
+            assert torch.equal(g2a, g2b)  # DDP leaves the same averaged gradient on both ranks
+            torch.testing.assert_close(g2a, g1, atol=1e-6, rtol=0)
+        for key in stats:  # the loss and diagnostics returned on each rank are the whole batch's
+            assert ranks[0][loss_agg][1][key] == ranks[1][loss_agg][1][key]
+            assert ranks[0][loss_agg][1][key] == pytest.approx(stats[key], rel=1e-5, abs=1e-7), key
+
+
+def test_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun --nproc_per_node=2 sets; checked before joining any group
+    flags = ["--model", tiny_dir, "--dataset", data_dir, "--out", str(tmp_path / "run"), "--G", "4"]
+    assert_one_line_error(main_exit(capsys, flags + ["--batch-prompts", "3"]), "--batch-prompts 3", "2 processes")
+    assert_one_line_error(main_exit(capsys, flags + ["--batch-prompts", "2", "--micro-batch", "8"]),
+                          "--micro-batch 8", "per process (B*G/2) = 4")
+    assert not (tmp_path / "run").exists()
+
+
+DDP_RUN = ["--G", "4", "--batch-prompts", "2", "--steps", "2", "--max-new-tokens", "8", "--micro-batch", "2",
+           "--eval-every", "1", "--eval-n", "5", "--lr", "1e-3"]
+
+
+def torchrun(*args, timeout=600):
+    """`torchrun ARGS` with this interpreter, one thread per process, as a subprocess."""
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], capture_output=True, text=True,
+                          cwd=HERE, timeout=timeout, env={**os.environ, **ONE_THREAD})
+
+
+def torchrun_failed(r):
+    return f"exit {r.returncode}\n{r.stderr[-6000:]}"  # the tail holds torchrun's summary, a worker's error above it
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tiny_dir, data_dir, tmp_path_factory):
+    """torchrun --standalone --nproc_per_node=2 grpo.py on the CPU (gloo), 2 steps; (OUT, result, wall seconds)."""
+    out = tmp_path_factory.mktemp("ddp") / "run"
+    t0 = time.time()
+    r = torchrun("--standalone", "--nproc_per_node=2", "grpo.py", "--model", tiny_dir, "--dataset", data_dir,
+                 *DDP_RUN, "--out", str(out))
+    return out, r, time.time() - t0
+
+
+def test_torchrun_two_processes_end_to_end(ddp_run, tiny_dir):
+    """The run completes, rank 0 alone logs and saves, and after the steps both ranks hold bitwise identical
+    weights (metrics.jsonl's replicas line: a sha256 of each rank's parameters), which are the ones saved."""
+    out, r, wall = ddp_run
+    print(f"2-process torchrun run: {wall:.1f} s wall")
+    assert r.returncode == 0, torchrun_failed(r)
+    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert lines[0]["type"] == "config" and lines[0]["world_size"] == 2
+    assert [(x["type"], x["step"]) for x in lines[1:]] == [("eval", 0), ("train", 1), ("eval", 1), ("train", 2),
+                                                            ("eval", 2), ("replicas", 2)]  # one writer
+    for x in lines:
+        if x["type"] == "train":
+            assert all(math.isfinite(x[k]) for k in ("reward_mean", "loss", "grad_norm", "completion_len"))
+        if x["type"] == "eval":  # 5 questions split 2 + 3 over the ranks, counted together
+            assert x["n"] == 5 and len(x["samples"]) == 3
+    assert r.stdout.count("eval step 0:") == 1  # only rank 0 prints
+    digests = lines[-1]["sha256"]
+    assert len(digests) == 2 and digests[0] == digests[1]
+    from transformers import AutoModelForCausalLM
+    assert grpo.weights_digest(AutoModelForCausalLM.from_pretrained(out)) == digests[0]
+    original = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    assert grpo.weights_digest(original) != digests[0], "two steps at lr 1e-3 must move the weights"
+    AutoModelForCausalLM.from_pretrained(out / "checkpoint")
+    assert len(torch.load(out / "checkpoint" / "rng.pt")) == 2  # each rank's RNG states, for --resume
+
+
+def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, tiny_dir, data_dir, tmp_path):
+    """SIGTERM reaches rank 1 only, during step 1: both ranks must stop after step 1 (none waits forever in the
+    next step's all-reduce), rank 0 checkpoints; the printed torchrun command resumes, and the resumed run
+    equals the uninterrupted one bit for bit (each rank continues its own sampling stream)."""
+    wrapper = tmp_path / "slow_grpo.py"  # grpo.main with step 1 slowed down, so the signal surely lands in it
+    wrapper.write_text("import os, sys, time\n"
+                       f"sys.path.insert(0, {HERE!r})\n"
+                       "import grpo\n"
+                       "open(os.path.join(os.path.dirname(__file__), 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
+                       "real_step = grpo.train_step\n"
+                       "grpo.train_step = lambda *a: (time.sleep(3), real_step(*a))[1]\n"
+                       "grpo.main(sys.argv[1:])\n")
+    out = tmp_path / "run"
+    flags = ["--model", tiny_dir, "--dataset", data_dir, *DDP_RUN, "--out", str(out)]
+    proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                             str(wrapper), *flags], cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, **ONE_THREAD})
+    wait_for_line(out, '"type": "eval"')  # step 0 evaluated: the handlers are in place, step 1 is running
+    os.kill(int((tmp_path / "pid1").read_text()), signal.SIGTERM)
+    stderr = proc.communicate(timeout=300)[1]
+    assert proc.returncode != 0  # torchrun reports the ranks' exit status 143 as a failure
+    assert trainer_state(out)["step"] == 1
+    message = [line for line in stderr.splitlines() if "resume with: " in line]
+    assert len(message) == 1 and message[0].startswith("SIGTERM: stopped after step 1 of 2"), stderr[-6000:]
+    command = shlex.split(message[0].split("resume with: ")[1])
+    assert command[:3] == ["torchrun", "--standalone", "--nproc_per_node=2"] and command[3] == "grpo.py"
+    r = torchrun(*command[1:])
+    assert r.returncode == 0, torchrun_failed(r)
+    assert_same_run(out, ddp_run[0])
