@@ -120,8 +120,7 @@ def run_child(impl, a, model_dir, data_dir, prompts, setting, log):
 
 def summarize(r):
     timed = r["step_s"][r["warmup"]:]
-    r["median_step_s"] = statistics.median(timed)
-    r["n_timed"] = len(timed)
+    r.update(median_step_s=statistics.median(timed), min_step_s=min(timed), max_step_s=max(timed), n_timed=len(timed))
     return r
 
 
@@ -130,7 +129,7 @@ def table(results, model):
     any_run = next(iter(results.values()))
     lines = [f"model {model}: B={any_run['batch_prompts']} prompts x G={any_run['G']}, {any_run['new_tokens']} new tokens, "
              f"median over {any_run['n_timed']} steps after {any_run['warmup']} warm-up, 1 thread",
-             "| run | median s/step | peak RSS MiB | step / TRL | step / floor | peak RSS / TRL |",
+             "| run | median s/step (min-max) | peak RSS MiB | step / TRL | step / floor | peak RSS / TRL |",
              "|---|---|---|---|---|---|"]
     for name, r in (("grpo.py", ours), ("TRL GRPOTrainer", trl), ("floor", floor)):
         if r is None:
@@ -138,7 +137,8 @@ def table(results, model):
         vs_trl = f"{r['median_step_s'] / trl['median_step_s']:.2f}" if trl else "-"
         vs_floor = f"{r['median_step_s'] / floor['median_step_s']:.2f}" if floor else "-"
         mem = f"{r['peak_rss_mib'] / trl['peak_rss_mib']:.2f}" if trl else "-"
-        lines.append(f"| {name} | {r['median_step_s']:.3f} | {r['peak_rss_mib']:.0f} | {vs_trl} | {vs_floor} | {mem} |")
+        lines.append(f"| {name} | {r['median_step_s']:.3f} ({r['min_step_s']:.3f}-{r['max_step_s']:.3f}) | "
+                     f"{r['peak_rss_mib']:.0f} | {vs_trl} | {vs_floor} | {mem} |")
     if floor:
         parts = ", ".join(f"{k} {v:.3f} s" for k, v in floor["parts_median_s"].items())
         lines.append(f"floor parts (medians): {parts}")
@@ -179,7 +179,7 @@ def parent(a):
         print(out["table"])
     else:
         rows = []
-        base = PRESETS[a.model]
+        base = dict(PRESETS[a.model], **({"batch_prompts": a.batch_prompts} if a.batch_prompts else {}))
         grid = [dict(base, G=g) for g in (2, 4, 8, 16)] + [dict(base, new_tokens=n) for n in (32, 64, 128, 256)]
         seen = set()
         for setting in grid:
@@ -200,6 +200,9 @@ def parent(a):
         out["scaling"] = rows
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)
+    if "table" in out:
+        with open(os.path.splitext(a.out)[0] + ".md", "w") as f:
+            f.write(f"`python {out['command']}`\n\n{out['table']}\n")
     log.close()
 
 
@@ -364,6 +367,7 @@ def main():
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
     p.add_argument("--scaling", action="store_true", help="step time against G (2,4,8,16) and new tokens (32..256)")
+    p.add_argument("--batch-prompts", type=int, default=None, help="prompts per step for --scaling (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--grpo-dir", default=ROOT, help="directory holding the grpo.py to time as 'ours' (default: this checkout)")
     p.add_argument("--cache", default=None, help="where the model directory and data are kept (default: $TMPDIR/grpo-bench)")
