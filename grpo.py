@@ -580,7 +580,8 @@ def accumulate_gradients(model, ref_model, batch, adv, args, cache):
     totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
     for k, start in enumerate(range(0, N, args.micro_batch)):
         sl = slice(start, start + args.micro_batch)
-        logp = completion_logprobs(model, ids[sl], attn[sl], T, args.temperature, share_prompts=not args.grad_checkpointing)
+        logp = completion_logprobs(model, ids[sl], attn[sl], T, args.temperature,
+                                   share_prompts=not args.grad_checkpointing)  # checkpointing drops the cache
         if k not in cache:
             ref_logp = None
             if ref_model is not None:
@@ -651,7 +652,8 @@ def train(args):
     # The reference is the starting policy, frozen. With beta == 0 the KL term vanishes: skip the copy.
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
     # fused: one pass over all parameters instead of a loop of small kernels per tensor (faster on CPU and GPU)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0, fused=device.type in ("cpu", "cuda"))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0,
+                                  fused=device.type in ("cpu", "cuda"))
 
     os.makedirs(args.out, exist_ok=True)
     log = open(os.path.join(args.out, "metrics.jsonl"), "w")

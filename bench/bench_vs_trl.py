@@ -29,10 +29,12 @@ Peak memory: each implementation runs in its own process, so resource.getrusage(
 (the process's resident-set high-water mark) is that implementation's peak, from interpreter start
 through model loading and all steps.
 
-Usage (TRL is a benchmark-only dependency: pip install trl==1.16.0):
-    python bench/bench_vs_trl.py --model tiny     --steps 20 --warmup 3 --out results/bench/tiny.json
-    python bench/bench_vs_trl.py --model smollm2  --steps 20 --warmup 2 --out results/bench/smollm2.json
-    python bench/bench_vs_trl.py --model smollm2  --scaling --steps 3 --warmup 1 --out results/bench/scaling.json
+Usage (TRL is a benchmark-only dependency: pip install trl==1.16.0); the README's numbers come from
+    python bench/bench_vs_trl.py --model tiny --steps 20 --warmup 3 --rounds 3 --out results/bench/tiny.json
+    python bench/bench_vs_trl.py --model smollm2 --steps 5 --warmup 1 --out results/bench/smollm2.json
+    python bench/bench_vs_trl.py --model smollm2 --scaling --batch-prompts 1 --impls ours --steps 1 --warmup 1 \
+        --out results/bench/scaling_smollm2.json
+--grpo-dir DIR times another grpo.py as 'ours' (e.g. an older commit's, for before/after).
 """
 
 import argparse
@@ -118,9 +120,15 @@ def run_child(impl, a, model_dir, data_dir, prompts, setting, log):
     return result
 
 
-def summarize(r):
-    timed = r["step_s"][r["warmup"]:]
+def summarize(runs):
+    """One implementation's rounds pooled: the timed steps (after each round's warm-up) of all of them."""
+    r = dict(runs[-1], rounds=runs, peak_rss_mib=max(x["peak_rss_mib"] for x in runs))
+    timed = [t for x in runs for t in x["step_s"][x["warmup"]:]]
     r.update(median_step_s=statistics.median(timed), min_step_s=min(timed), max_step_s=max(timed), n_timed=len(timed))
+    if "gen_s" in r:
+        r["median_gen_s"] = statistics.median(t for x in runs for t in x["gen_s"][x["warmup"]:])
+    if "parts_s" in r:
+        r["parts_median_s"] = {k: statistics.median(t for x in runs for t in x["parts_s"][k][x["warmup"]:]) for k in r["parts_s"]}
     return r
 
 
@@ -128,7 +136,8 @@ def table(results, model):
     ours, trl, floor = (results.get(k) for k in ("ours", "trl", "floor"))
     any_run = next(iter(results.values()))
     lines = [f"model {model}: B={any_run['batch_prompts']} prompts x G={any_run['G']}, {any_run['new_tokens']} new tokens, "
-             f"median over {any_run['n_timed']} steps after {any_run['warmup']} warm-up, 1 thread",
+             f"median over {any_run['n_timed']} steps ({len(any_run['rounds'])} round(s) of {any_run['steps']} after "
+             f"{any_run['warmup']} warm-up), 1 thread",
              "| run | median s/step (min-max) | peak RSS MiB | step / TRL | step / floor | peak RSS / TRL |",
              "|---|---|---|---|---|---|"]
     for name, r in (("grpo.py", ours), ("TRL GRPOTrainer", trl), ("floor", floor)):
@@ -143,7 +152,7 @@ def table(results, model):
         parts = ", ".join(f"{k} {v:.3f} s" for k, v in floor["parts_median_s"].items())
         lines.append(f"floor parts (medians): {parts}")
     if ours:
-        lines.append(f"grpo.py generation (median gen_s): {statistics.median(ours['gen_s'][ours['warmup']:]):.3f} s")
+        lines.append(f"grpo.py generation (median gen_s): {ours['median_gen_s']:.3f} s")
     return "\n".join(lines)
 
 
@@ -167,13 +176,14 @@ def parent(a):
     if not a.scaling:
         setting = dict(PRESETS[a.model])
         prompts = prepare_prompts(model_dir, data_dir, a.warmup + a.steps, setting["batch_prompts"], a.seed)
-        results = {}
-        for impl in a.impls.split(","):
-            results[impl] = summarize(run_child(impl, a, model_dir, data_dir, prompts, setting, log))
-            print(f"{impl}: median {results[impl]['median_step_s']:.3f} s/step, peak RSS {results[impl]['peak_rss_mib']:.0f} MiB",
-                  flush=True)
-        seen = {k: r["prompts_seen"] for k, r in results.items()}
-        assert all(s == prompts for s in seen.values()), "the runs did not train on the same prompts"
+        runs = {impl: [] for impl in a.impls.split(",")}
+        for _ in range(a.rounds):  # rounds alternate the implementations, so slow spells of the machine hit all
+            for impl in runs:
+                runs[impl].append(run_child(impl, a, model_dir, data_dir, prompts, setting, log))
+                assert runs[impl][-1]["prompts_seen"] == prompts, f"{impl} did not train on the prompts given"
+                print(f"{impl}: median {summarize(runs[impl][-1:])['median_step_s']:.3f} s/step, "
+                      f"peak RSS {runs[impl][-1]['peak_rss_mib']:.0f} MiB", flush=True)
+        results = {impl: summarize(r) for impl, r in runs.items()}
         out["results"] = results
         out["table"] = table(results, a.model)
         print(out["table"])
@@ -189,10 +199,10 @@ def parent(a):
             seen.add(key)
             prompts = prepare_prompts(model_dir, data_dir, a.warmup + a.steps, setting["batch_prompts"], a.seed)
             for impl in a.impls.split(","):
-                r = summarize(run_child(impl, a, model_dir, data_dir, prompts, setting, log))
+                r = summarize([run_child(impl, a, model_dir, data_dir, prompts, setting, log)])
                 row = {"impl": impl, **setting, "median_step_s": r["median_step_s"], "peak_rss_mib": r["peak_rss_mib"]}
                 if impl == "ours":
-                    row["median_gen_s"] = statistics.median(r["gen_s"][a.warmup:])
+                    row["median_gen_s"] = r["median_gen_s"]
                 if impl == "floor":
                     row.update({f"floor_{k}_s": v for k, v in r["parts_median_s"].items()})
                 rows.append(row)
@@ -211,7 +221,6 @@ def parent(a):
 def child_ours(s):
     """grpo.train() as users run it, with three benchmark-only substitutions: fixed completion length,
     no evaluation (it is not part of a step) and no final save."""
-    import torch
     sys.path.insert(0, s["grpo_dir"])  # the grpo.py under test (default: this checkout's)
     import grpo
     N = s["new_tokens"]
@@ -250,7 +259,6 @@ def child_ours(s):
 
 
 def child_trl(s):
-    import torch
     from datasets import Dataset
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -366,6 +374,8 @@ def main():
     p.add_argument("--impls", default="ours,trl,floor", help="comma-separated, run in this order")
     p.add_argument("--steps", type=int, default=20, help="timed steps per run")
     p.add_argument("--warmup", type=int, default=2, help="untimed steps first")
+    p.add_argument("--rounds", type=int, default=1, help="run every implementation this many times, alternating; "
+                   "the timed steps of all rounds are pooled")
     p.add_argument("--scaling", action="store_true", help="step time against G (2,4,8,16) and new tokens (32..256)")
     p.add_argument("--batch-prompts", type=int, default=None, help="prompts per step for --scaling (default: the preset's)")
     p.add_argument("--seed", type=int, default=0)
