@@ -40,14 +40,16 @@ Under torchrun every GPU holds a whole copy of the model and answers B/W of the 
 gradients, so the update is the one a single process holding all B questions would make.
 
 Deliberately left out, to keep the algorithm in view: a value model (that is the point of GRPO),
-vLLM or any other inference engine (generation is transformers' `generate`), LoRA, learning-rate
-schedules, sharding the model over GPUs (FSDP, tensor parallelism), reward models and format rewards.
+vLLM or any other inference engine (`generate` is a short sampling loop over the model's forward
+pass), LoRA, learning-rate schedules, sharding the model over GPUs (FSDP, tensor parallelism), reward models
+and format rewards.
 """
 
 import argparse
 import contextlib
 import copy
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -435,8 +437,8 @@ def load_model(name, device):
         # Safe here: the completion mask comes from the first EOS, never from `token != pad`.
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # batched generation appends after the last real token of every row
-    # Replace the shipped sampling defaults (Qwen ships top_k=20, top_p=0.8, repetition_penalty=1.05):
-    # the loss needs log-probs of the distribution we actually sample from.
+    # `generate` below samples softmax(logits / T) itself; replace the shipped sampling defaults (Qwen ships
+    # top_k=20, top_p=0.8, repetition_penalty=1.05) too, so the saved model's config says what it was trained on.
     model.generation_config = GenerationConfig(eos_token_id=sorted(eos_ids), pad_token_id=tokenizer.pad_token_id,
                                                bos_token_id=tokenizer.bos_token_id)
     disable_dropout(model)
@@ -458,7 +460,7 @@ def disable_dropout(model):
 
 
 # --------------------------------------------------------------------------------------------------
-# Group sampling: B questions, each repeated G times, one `generate` call.
+# Group sampling: B questions, G answers each, one prompt pass per question.
 # --------------------------------------------------------------------------------------------------
 
 def completion_mask(completion_ids, eos_ids):
@@ -486,30 +488,76 @@ def fits_context(rows, tokenizer, limit, max_new_tokens):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, temperature=None):
-    """Left-padded batched generation. temperature=None is greedy decoding.
+    """Left-padded batched sampling with a KV cache; temperature=None is greedy decoding.
 
-    Returns input_ids (prompt + completion), attention_mask, completion_ids, completion_mask and
-    truncated (no EOS within max_new_tokens), one row per prompt repeated `repeat` times.
+    Each prompt goes through the model once and its `repeat` answers share its keys and values, so
+    a group of G answers costs one prompt pass, not G. Tokens are drawn from softmax(logits / T) over
+    the whole vocabulary (no top-k, top-p or repetition penalty): exactly the distribution whose
+    log-probs the loss uses. Returns input_ids (prompt + completion), attention_mask, completion_ids,
+    completion_mask and truncated (no EOS within max_new_tokens), one row per prompt repeated `repeat` times.
     """
     enc = tokenizer(prompts, return_tensors="pt", padding=True,
                     add_special_tokens=not tokenizer.chat_template)  # the template already holds any BOS
     device = next(model.parameters()).device
-    prompt_ids = enc.input_ids.repeat_interleave(repeat, 0).to(device)  # row i*G+j is answer j to question i
-    prompt_mask = enc.attention_mask.repeat_interleave(repeat, 0).to(device)
+    prompt_ids, prompt_mask = enc.input_ids.to(device), enc.attention_mask.to(device)
     limit = context_limit(model)
     if limit and prompt_ids.shape[1] + max_new_tokens > limit:  # train() drops such questions first: a bug if hit
         raise ConfigError(f"prompt of {prompt_ids.shape[1]} tokens + --max-new-tokens {max_new_tokens} exceeds "
                           f"the model's {limit} positions; lower --max-new-tokens")
-    sampling = dict(do_sample=True, temperature=temperature, top_p=1.0, top_k=0) if temperature else dict(do_sample=False)
+    rows = torch.arange(len(prompts), device=device).repeat_interleave(repeat)  # row i*G+j is answer j to question i
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
     with autocast(device):
-        seqs = model.generate(input_ids=prompt_ids, attention_mask=prompt_mask, max_new_tokens=max_new_tokens,
-                              use_cache=True, **sampling)
-    completion_ids = seqs[:, prompt_ids.shape[1]:]
-    mask = completion_mask(completion_ids, eos_ids)
-    # generate stops early only once every row has its EOS, so a row without one hit max_new_tokens
-    truncated = ~torch.isin(completion_ids, torch.tensor(eos_ids, device=device)).any(1)
-    return {"input_ids": seqs, "attention_mask": torch.cat([prompt_mask, mask], 1),
-            "completion_ids": completion_ids, "completion_mask": mask, "truncated": truncated}
+        logits, cache = prompt_pass(model, prompt_ids, prompt_mask, rows)
+        cache = {cache_arg(model): cache}
+        mask, position = prompt_mask[rows], positions(prompt_mask)[rows, -1:]
+        done = torch.zeros(len(rows), dtype=torch.bool, device=device)
+        tokens = []
+        while True:
+            next_ids = sample(logits, temperature).masked_fill(done, tokenizer.pad_token_id)  # pad after the EOS
+            tokens.append(next_ids)
+            done |= torch.isin(next_ids, eos)
+            if len(tokens) == max_new_tokens or done.all():
+                break
+            mask, position = torch.cat([mask, torch.ones_like(mask[:, :1])], 1), position + 1
+            logits = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position,
+                           use_cache=True, **cache).logits[:, -1]
+    completion_ids = torch.stack(tokens, 1)
+    completion = completion_mask(completion_ids, eos_ids)
+    return {"input_ids": torch.cat([prompt_ids[rows], completion_ids], 1),
+            "attention_mask": torch.cat([prompt_mask[rows], completion], 1),
+            "completion_ids": completion_ids, "completion_mask": completion, "truncated": ~done}
+
+
+def sample(logits, temperature):
+    """One token per row from softmax(logits / temperature), or the most likely one if temperature is None."""
+    if not temperature:
+        return logits.argmax(-1)
+    return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(1)
+
+
+def positions(attention_mask):
+    """Position of each token counted from its row's first real token, so left padding changes nothing."""
+    return (attention_mask.cumsum(1) - 1).clamp(min=0)
+
+
+def prompt_pass(model, prompt_ids, prompt_mask, rows):
+    """Each distinct prompt through the model once; row i of the result continues prompt rows[i].
+
+    Returns the logits at each prompt's last token (they predict the first answer token), and a KV
+    cache holding the prompt's keys and values once per output row. Indexing the cache is part of
+    the autograd graph, so with gradients on, all rows' gradients flow back into the one prompt pass.
+    """
+    from transformers import DynamicCache
+    cache = DynamicCache()
+    logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
+                   use_cache=True, logits_to_keep=1, **{cache_arg(model): cache}).logits[:, -1]
+    cache.batch_select_indices(rows)
+    return logits[rows], cache
+
+
+def cache_arg(model):
+    """transformers 5 renamed the forward argument `past_key_values` to `cache`."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def decode_completions(tokenizer, out):
@@ -527,21 +575,47 @@ def autocast(device):
 # Log-probs of the completion tokens.
 # --------------------------------------------------------------------------------------------------
 
-def completion_logprobs(model, input_ids, attention_mask, n_completion, temperature):
+def completion_logprobs(model, input_ids, attention_mask, n_completion, temperature, share_prompts=True):
     """log pi(o_t | q, o_<t) at the sampling temperature for the last n_completion tokens of each row.
 
     Left padding shifts where each prompt starts, so positions are counted from the first real
     token: a row's log-probs do not depend on how long the other prompts in the batch are.
+    The G answers to a question start with the same prompt; with share_prompts, each run of equal
+    prompts goes through the model once (prompt_pass) and its answers attend to its cached keys and
+    values, which at this project's sizes halves the tokens of the forward and backward passes.
+    Gradient checkpointing discards caches, so it needs share_prompts=False: whole rows, one pass.
     """
-    position_ids = (attention_mask.cumsum(1) - 1).clamp(min=0)
+    P = input_ids.shape[1] - n_completion
+    targets = input_ids[:, P:]
+    # logits at t predict token t+1, so the last token, which predicts nothing, is not fed
+    ids, mask, pos = input_ids[:, :-1], attention_mask[:, :-1], positions(attention_mask)[:, :-1]
     with autocast(input_ids.device):
-        logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       logits_to_keep=n_completion + 1,  # only completion positions: no B*G*L*V tensor
-                       use_cache=False).logits
-    logits = logits[:, :-1].float() / temperature  # logits at t predict token t+1; the last one predicts nothing
-    targets = input_ids[:, -n_completion:]
-    # log_softmax(z)[y] = z[y] - logsumexp(z), without materializing the full log_softmax
+        if not share_prompts:
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                           logits_to_keep=n_completion).logits  # only completion positions: no B*G*L*V tensor
+            return token_logprobs(logits, targets, temperature)
+        first, rows = distinct_prompts(ids[:, :P], mask[:, :P])
+        logits, cache = prompt_pass(model, ids[first, :P], mask[first, :P], rows)
+        logp = token_logprobs(logits[:, None], targets[:, :1], temperature)  # the prompt's last token predicts o_1
+        if n_completion == 1:
+            return logp
+        logits = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], use_cache=True,
+                       **{cache_arg(model): cache}).logits
+    return torch.cat([logp, token_logprobs(logits, targets[:, 1:], temperature)], 1)
+
+
+def token_logprobs(logits, targets, temperature):
+    """log softmax(logits / temperature)[target] per position, without materializing the full log_softmax."""
+    logits = logits.float() / temperature
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+def distinct_prompts(prompt_ids, prompt_mask):
+    """Runs of equal consecutive prompts (a question's G answers): the first row of each run, and for
+    every row the index of its run."""
+    same = (prompt_ids[1:] == prompt_ids[:-1]).all(1) & (prompt_mask[1:] == prompt_mask[:-1]).all(1)
+    starts = torch.cat([same.new_ones(1), ~same])
+    return starts.nonzero().squeeze(1), starts.cumsum(0) - 1
 
 
 # --------------------------------------------------------------------------------------------------
@@ -764,7 +838,8 @@ def accumulate_gradients(model, ref_model, batch, adv, args, cache):
     for k, start in enumerate(range(0, N, args.micro_batch)):
         sl = slice(start, start + args.micro_batch)
         with gradient_sync(model, sync=start + args.micro_batch >= N):  # the last micro-batch all-reduces
-            logp = completion_logprobs(model, ids[sl], attn[sl], T, args.temperature)
+            logp = completion_logprobs(model, ids[sl], attn[sl], T, args.temperature,
+                                       share_prompts=not args.grad_checkpointing)  # checkpointing drops the cache
             if k not in cache:
                 ref_logp = None
                 if ref_model is not None:
@@ -855,7 +930,9 @@ def train(args):
         model.gradient_checkpointing_enable()
     # The reference is the starting policy, frozen. With beta == 0 the KL term vanishes: skip the copy.
     ref_model = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0)
+    # fused: one pass over all parameters instead of a loop of small kernels per tensor (faster on CPU and GPU)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0,
+                                  fused=device.type in ("cpu", "cuda"))
     data_rng = random.Random(args.seed)
     # what a checkpoint needs besides weights, optimizer and RNGs: `order` is this epoch's shuffled pass over
     # the training set and `pos` the next question in it; `nonfinite` counts skipped updates in a row

@@ -253,6 +253,25 @@ def test_generate_masks_and_truncation(tiny):
             assert n == 12
 
 
+@pytest.mark.parametrize("temperature", [None, 0.8])
+def test_generate_matches_transformers_generate(tiny, temperature):
+    """Same seed, same tokens as model.generate: the shared prompt pass, the cache, positions, padding after EOS and
+    the sampled distribution (softmax(logits / T), nothing else) all agree with transformers' implementation."""
+    model, tokenizer, eos_ids = tiny
+    prompts = ["question: 1 + 1?\nanswer:", "q?", "question: what is 3 * 4?\nanswer:"]
+    torch.manual_seed(0)
+    out = grpo.generate(model, tokenizer, prompts, eos_ids, max_new_tokens=40, repeat=2, temperature=temperature)
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        expected = model.generate(input_ids=enc.input_ids.repeat_interleave(2, 0), max_new_tokens=40,
+                                  attention_mask=enc.attention_mask.repeat_interleave(2, 0), **sampling)
+    assert torch.equal(out["input_ids"], expected)
+    if temperature:  # measured with seed 0: five answers stop at an EOS (then padding), one runs to the limit
+        assert out["truncated"].any() and not out["truncated"].all()
+
+
 def test_shipped_sampling_defaults_are_replaced(tmp_path):
     path = make_tiny_model(tmp_path / "m", generation_extra={"do_sample": True, "top_k": 3, "top_p": 0.5, "repetition_penalty": 1.5})
     model, _, _ = grpo.load_model(path, torch.device("cpu"))
@@ -282,6 +301,24 @@ def rollout(model, tokenizer, eos_ids, seed=0, G=4):
 
 def grads(model):
     return [p.grad.clone() for p in model.parameters()]
+
+
+def test_shared_prompt_pass_equals_whole_rows(tiny):
+    """Log-probs and gradients are the same whether a group's prompt is run once (and its cache shared) or per row."""
+    model, tokenizer, eos_ids = tiny
+    batch = rollout(model, tokenizer, eos_ids, seed=3)
+    assert (batch["attention_mask"] == 0).any(), "the test needs left padding"
+    adv = torch.tensor([1.0, -0.5, 0.25, -2.0, 0.0, 1.5, -1.0, 0.5])
+    T = batch["completion_mask"].shape[1]
+    result = {}
+    for share in (True, False):
+        model.zero_grad()
+        logp = grpo.completion_logprobs(model, batch["input_ids"], batch["attention_mask"], T, 0.7, share_prompts=share)
+        (adv[:, None] * logp * batch["completion_mask"]).sum().backward()
+        result[share] = logp.detach(), grads(model)
+    torch.testing.assert_close(result[True][0], result[False][0], atol=1e-5, rtol=0)
+    for a, b in zip(result[True][1], result[False][1]):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
 
 
 def test_gradient_equals_policy_gradient_formula(tiny):
@@ -766,8 +803,8 @@ def test_nonfinite_updates_are_skipped_and_the_run_stops(tiny_dir, run_data, tmp
     grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, one_step, *flags, "--steps", "1")))
     real_logprobs, calls = grpo.completion_logprobs, []
 
-    def nan_after_step_1(model, *args):
-        logp = real_logprobs(model, *args)
+    def nan_after_step_1(model, *args, **kwargs):
+        logp = real_logprobs(model, *args, **kwargs)
         if torch.is_grad_enabled():  # the policy's forward pass (the reference's runs under no_grad)
             calls.append(1)
             if len(calls) > 1:

@@ -1,0 +1,89 @@
+"""Seconds for each part of one grpo.py step, one thread: where the time goes.
+
+Times generate (fixed length: no EOS ids), the policy log-prob forward + backward through the loss,
+the reference forward, clip + fused AdamW, and token_logprobs alone (the vocabulary-sized part).
+With --ab it instead times completion_logprobs with share_prompts=True and False, twice each
+(forward with grad, backward, forward without grad). Uses the model directory bench_vs_trl.py made.
+Usage: python bench/step_parts.py --model smollm2 --reps 1;  python bench/step_parts.py --model smollm2 --ab
+"""
+import argparse
+import copy
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+import torch  # noqa: E402
+
+import grpo  # noqa: E402
+from bench_vs_trl import PRESETS, prepare_model  # noqa: E402
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--model", default="smollm2", choices=sorted(PRESETS))
+    p.add_argument("--reps", type=int, default=1)
+    p.add_argument("--ab", action="store_true")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    B, G, N = (PRESETS[a.model][k] for k in ("batch_prompts", "G", "new_tokens"))
+    model, tok, _ = grpo.load_model(prepare_model(a.model, os.path.join(tempfile.gettempdir(), "grpo-bench")),
+                                    torch.device("cpu"))
+    train, _ = grpo.load_data("arith", 0)
+    prompts = [grpo.build_prompt(tok, r["question"]) for r in train[:B]]
+    torch.manual_seed(0)
+    batch = grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0)
+    x, attn, m = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    if a.ab:
+        res = {}
+        for share in (True, False, True, False):
+            t0 = time.perf_counter()
+            logp = grpo.completion_logprobs(model, x, attn, N, 1.0, share_prompts=share)
+            t1 = time.perf_counter()
+            (logp * m).sum().backward()
+            t2 = time.perf_counter()
+            with torch.no_grad():
+                grpo.completion_logprobs(model, x, attn, N, 1.0, share_prompts=share)
+            t3 = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            res.setdefault(f"share_prompts={share}", []).append(
+                {"forward": round(t1 - t0, 2), "backward": round(t2 - t1, 2), "no_grad_forward": round(t3 - t2, 2)})
+        print(a.model, tuple(x.shape), json.dumps(res))
+        return
+
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    adv = torch.randn(B * G)
+
+    def timeit(f):
+        f()
+        ts = []
+        for _ in range(a.reps):
+            t = time.perf_counter()
+            f()
+            ts.append(time.perf_counter() - t)
+        return statistics.median(ts)
+
+    def policy():
+        logp = grpo.completion_logprobs(model, x, attn, N, 1.0)
+        grpo.grpo_loss(logp, logp.detach(), logp.detach(), adv, m)[0].backward()
+
+    def reference():
+        with torch.no_grad():
+            grpo.completion_logprobs(ref, x, attn, N, 1.0)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-9, fused=True)
+    logits = torch.randn(B * G, N - 1, model.config.vocab_size, requires_grad=True)
+    res = {"generate": timeit(lambda: grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0)),
+           "policy_fwd_bwd": timeit(policy), "ref_fwd": timeit(reference),
+           "clip+adamw": timeit(lambda: (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0), opt.step())),
+           "token_logprobs_fwd_bwd": timeit(lambda: grpo.token_logprobs(logits, x[:, -N + 1:], 1.0).sum().backward())}
+    print(a.model, tuple(x.shape), json.dumps({k: round(v, 3) for k, v in res.items()}))
+
+
+if __name__ == "__main__":
+    main()
