@@ -556,8 +556,10 @@ def prompt_pass(model, prompt_ids, prompt_mask, rows):
 
 
 def cache_arg(model):
-    """transformers 5 renamed the forward argument `past_key_values` to `cache`."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    """transformers 5 renamed the forward argument `past_key_values` to `cache`. Under torchrun the model is
+    DDP(model), whose forward takes **kwargs and passes them on: the name is the wrapped model's."""
+    forward = getattr(model, "module", model).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def decode_completions(tokenizer, out):

@@ -32,20 +32,33 @@ CHARS = "0123456789abcdefghijklmnopqrstuvwxyz ?.:#+-*=,$\n"
 
 # ------------------------------------------------------------------ fixtures: a tiny model, tiny data
 
-def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_extra=None, eos=True):
+def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_extra=None, eos=True, arch="gpt2"):
+    """A tiny randomly initialized model with a character-level tokenizer, saved to `path`. arch "gpt2" has learned
+    absolute positions; "llama" and "qwen2" (the families of SmolLM2 and Qwen2.5) have rotary positions and
+    grouped-query attention, so left padding and the KV cache go through other code in transformers."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+    from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
+                              Qwen2Config, Qwen2ForCausalLM)
     vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one token per character
     tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>" if eos else None, unk_token="<unk>")
+    # pad = EOS, as load_model sets it; said here too because Qwen2's tokenizer class would add a pad token of its own
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>" if eos else None, unk_token="<unk>",
+                                        pad_token="<eos>" if eos else None)
     torch.manual_seed(seed)
     eos_id = 0 if eos else None  # GPT2Config's own default is 50256, so "no EOS" must be said explicitly
-    config = GPT2Config(vocab_size=len(vocab), n_positions=256, n_embd=n_embd, n_layer=n_layer, n_head=2,
-                        bos_token_id=eos_id, eos_token_id=eos_id, resid_pdrop=dropout, embd_pdrop=dropout, attn_pdrop=dropout)
-    model = GPT2LMHeadModel(config)
+    if arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=256, n_embd=n_embd, n_layer=n_layer, n_head=2,
+                                           bos_token_id=eos_id, eos_token_id=eos_id, resid_pdrop=dropout,
+                                           embd_pdrop=dropout, attn_pdrop=dropout))
+    else:
+        config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+        model = model_class(config_class(vocab_size=len(vocab), max_position_embeddings=256, hidden_size=n_embd,
+                                         intermediate_size=2 * n_embd, num_hidden_layers=n_layer, num_attention_heads=4,
+                                         num_key_value_heads=2, bos_token_id=eos_id, eos_token_id=eos_id,
+                                         attention_dropout=dropout, tie_word_embeddings=True))
     for key, value in (generation_extra or {}).items():
         setattr(model.generation_config, key, value)
     model.save_pretrained(path)
@@ -78,6 +91,15 @@ def tiny_dir(tmp_path_factory):
 def tiny(tiny_dir):
     model, tokenizer, eos_ids = grpo.load_model(tiny_dir, torch.device("cpu"))
     return model, tokenizer, eos_ids
+
+
+@pytest.fixture(scope="session", params=["gpt2", "llama", "qwen2"])
+def tiny_arch(request, tmp_path_factory):
+    """The tiny model of each architecture family, loaded as train() loads it."""
+    if request.param == "gpt2":
+        return request.getfixturevalue("tiny")
+    path = make_tiny_model(tmp_path_factory.mktemp(request.param), arch=request.param)
+    return grpo.load_model(path, torch.device("cpu"))
 
 
 @pytest.fixture(scope="session")
@@ -254,10 +276,10 @@ def test_generate_masks_and_truncation(tiny):
 
 
 @pytest.mark.parametrize("temperature", [None, 0.8])
-def test_generate_matches_transformers_generate(tiny, temperature):
+def test_generate_matches_transformers_generate(tiny_arch, temperature):
     """Same seed, same tokens as model.generate: the shared prompt pass, the cache, positions, padding after EOS and
     the sampled distribution (softmax(logits / T), nothing else) all agree with transformers' implementation."""
-    model, tokenizer, eos_ids = tiny
+    model, tokenizer, eos_ids = tiny_arch
     prompts = ["question: 1 + 1?\nanswer:", "q?", "question: what is 3 * 4?\nanswer:"]
     torch.manual_seed(0)
     out = grpo.generate(model, tokenizer, prompts, eos_ids, max_new_tokens=40, repeat=2, temperature=temperature)
@@ -268,7 +290,9 @@ def test_generate_matches_transformers_generate(tiny, temperature):
         expected = model.generate(input_ids=enc.input_ids.repeat_interleave(2, 0), max_new_tokens=40,
                                   attention_mask=enc.attention_mask.repeat_interleave(2, 0), **sampling)
     assert torch.equal(out["input_ids"], expected)
-    if temperature:  # measured with seed 0: five answers stop at an EOS (then padding), one runs to the limit
+    ended = torch.isin(expected[:, enc.input_ids.shape[1]:], torch.tensor(eos_ids)).any(1)
+    assert torch.equal(out["truncated"], ~ended)
+    if temperature and model.config.model_type == "gpt2":  # measured, seed 0: five answers stop at an EOS, one does not
         assert out["truncated"].any() and not out["truncated"].all()
 
 
@@ -303,9 +327,9 @@ def grads(model):
     return [p.grad.clone() for p in model.parameters()]
 
 
-def test_shared_prompt_pass_equals_whole_rows(tiny):
+def test_shared_prompt_pass_equals_whole_rows(tiny_arch):
     """Log-probs and gradients are the same whether a group's prompt is run once (and its cache shared) or per row."""
-    model, tokenizer, eos_ids = tiny
+    model, tokenizer, eos_ids = tiny_arch
     batch = rollout(model, tokenizer, eos_ids, seed=3)
     assert (batch["attention_mask"] == 0).any(), "the test needs left padding"
     adv = torch.tensor([1.0, -0.5, 0.25, -2.0, 0.0, 1.5, -1.0, 0.5])
