@@ -31,8 +31,8 @@ through model loading and all steps.
 
 Usage (TRL is a benchmark-only dependency: pip install trl==1.16.0); the README's numbers come from
     python bench/bench_vs_trl.py --model tiny --steps 20 --warmup 3 --rounds 3 --out results/bench/tiny.json
-    python bench/bench_vs_trl.py --model smollm2 --steps 5 --warmup 1 --out results/bench/smollm2.json
-    python bench/bench_vs_trl.py --model smollm2 --scaling --batch-prompts 1 --impls ours --steps 1 --warmup 1 \
+    python bench/bench_vs_trl.py --model smollm2 --steps 20 --warmup 1 --out results/bench/smollm2.json
+    python bench/bench_vs_trl.py --model smollm2 --scaling --batch-prompts 1 --impls ours --steps 2 --warmup 1 \
         --out results/bench/scaling_smollm2.json
 --grpo-dir DIR times another grpo.py as 'ours' (e.g. an older commit's, for before/after).
 """
