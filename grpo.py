@@ -692,136 +692,6 @@ def grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps=0.2, beta=0.04, loss
 
 
 # --------------------------------------------------------------------------------------------------
-# Several GPUs or nodes: `torchrun` starts one process (a rank) per GPU, each holding a whole copy of the
-# model (data parallelism, PyTorch's DistributedDataParallel). All ranks draw the same B questions; rank r
-# samples the G answers of its own B/W of them, so a group never spans ranks and its statistics stay local.
-# DDP averages the gradients over ranks in backward, so every rank takes the same AdamW step and the
-# copies stay identical. In a plain `python grpo.py` every function here returns its input unchanged.
-# --------------------------------------------------------------------------------------------------
-
-def init_distributed(device):
-    """Under torchrun (it sets WORLD_SIZE, RANK and LOCAL_RANK) join the process group and return this rank's
-    device: cuda:LOCAL_RANK with the nccl backend, or the CPU with gloo. Otherwise return `device` as it is."""
-    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
-        return device
-    if device.type == "cuda":
-        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-        torch.cuda.set_device(device)  # nccl, and all_gather_object with it, communicate from the current GPU
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return device
-
-
-def rank_and_world():
-    """(rank, number of ranks) once this process has joined the process group; (0, 1) otherwise."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def wrap_ddp(model, device):
-    """The model as it is trained: DDP(model) under torchrun, whose backward all-reduces the gradients; the
-    model itself in one process. Generation, evaluation, the reference model and saving use the bare model."""
-    if rank_and_world()[1] == 1:
-        return model
-    from torch.nn.parallel import DistributedDataParallel
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-
-
-def gradient_sync(model, sync):
-    """Around one micro-batch's forward and backward: DDP all-reduces gradients in every backward, so all
-    but the last micro-batch of a pass run under no_sync and accumulate locally; the last backward then
-    all-reduces the sum. (Syncing every time would give the same gradient, with W times the traffic.)"""
-    return contextlib.nullcontext() if sync or not hasattr(model, "no_sync") else model.no_sync()
-
-
-def rank_share(items):
-    """This rank's contiguous share of items: rank r of W takes items[r*n/W : (r+1)*n/W]."""
-    rank, world_size = rank_and_world()
-    return items[rank * len(items) // world_size:(rank + 1) * len(items) // world_size]
-
-
-def _comm_device():
-    """Where collectives take their tensors: the current GPU for nccl, the CPU for gloo."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
-def all_reduce(x, op="sum"):
-    """Tensor x summed (or its maximum taken) over all ranks, on every rank; x itself in one process."""
-    if rank_and_world()[1] == 1:
-        return x
-    y = x.to(_comm_device(), copy=True)
-    dist.all_reduce(y, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])  # gloo has no AVG
-    return y.to(x.device)
-
-
-def mean_over_ranks(values):
-    """A dict of numbers averaged over ranks, with one all_reduce; the dict itself in one process."""
-    world_size = rank_and_world()[1]
-    if world_size == 1:
-        return values
-    total = all_reduce(torch.tensor(list(values.values()), dtype=torch.float64))
-    return dict(zip(values, (total / world_size).tolist()))
-
-
-def gather_rows(x):
-    """Every rank's tensor x (the same shape on all) concatenated along dim 0 in rank order; x in one process."""
-    world_size = rank_and_world()[1]
-    if world_size == 1:
-        return x
-    y = x.to(_comm_device()).contiguous()
-    parts = [torch.empty_like(y) for _ in range(world_size)]
-    dist.all_gather(parts, y)
-    return torch.cat(parts).to(x.device)
-
-
-def gather_objects(obj):
-    """Every rank's obj (anything picklable) as a list in rank order; [obj] in one process."""
-    world_size = rank_and_world()[1]
-    if world_size == 1:
-        return [obj]
-    objs = [None] * world_size
-    dist.all_gather_object(objs, obj)
-    return objs
-
-
-def barrier():
-    if rank_and_world()[1] > 1:
-        dist.barrier()
-
-
-def leave_process_group():
-    """At a clean end, on every rank. The barrier keeps a rank from closing its connections while another still
-    reads from them (rank 0 saving the model, say). Not after an error on one rank: the others may be inside a
-    collective, where destroying can hang; torchrun ends them once this rank exits."""
-    if rank_and_world()[1] > 1:
-        dist.barrier()
-        dist.destroy_process_group()
-
-
-def note(text):
-    """A line on stderr, from rank 0 only: the ranks would all say the same."""
-    if rank_and_world()[0] == 0:
-        print(text, file=sys.stderr)
-
-
-def agree_on_stop(stop):
-    """The stop signal received by any rank (None if none), the same on every rank. Under torchrun a signal may
-    reach one rank only, or reach them during different steps; a rank that stopped alone would leave the others
-    waiting forever in the next step's all-reduce. Called once per step, between steps."""
-    if rank_and_world()[1] > 1:
-        stop["signal"] = int(all_reduce(torch.tensor(stop["signal"] or 0), op="max")) or None
-    return stop["signal"]
-
-
-def weights_digest(model):
-    """sha256 over the bytes of every parameter: equal digests mean bitwise equal weights."""
-    h = hashlib.sha256()
-    for p in model.parameters():
-        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
-    return h.hexdigest()
-
-
-# --------------------------------------------------------------------------------------------------
 # One training step: gradients over micro-batches, then one AdamW update per pass (mu passes).
 # --------------------------------------------------------------------------------------------------
 
@@ -1113,6 +983,136 @@ def open_metrics(out, config, keep_until=None):
 def save(model, tokenizer, out):
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+# --------------------------------------------------------------------------------------------------
+# Several GPUs or nodes: `torchrun` starts one process (a rank) per GPU, each holding a whole copy of the
+# model (data parallelism, PyTorch's DistributedDataParallel). All ranks draw the same B questions; rank r
+# samples the G answers of its own B/W of them, so a group never spans ranks and its statistics stay local.
+# DDP averages the gradients over ranks in backward, so every rank takes the same AdamW step and the
+# copies stay identical. In a plain `python grpo.py` every function here returns its input unchanged.
+# --------------------------------------------------------------------------------------------------
+
+def init_distributed(device):
+    """Under torchrun (it sets WORLD_SIZE, RANK and LOCAL_RANK) join the process group and return this rank's
+    device: cuda:LOCAL_RANK with the nccl backend, or the CPU with gloo. Otherwise return `device` as it is."""
+    if int(os.environ.get("WORLD_SIZE", 1)) == 1:
+        return device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(device)  # nccl, and all_gather_object with it, communicate from the current GPU
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device
+
+
+def rank_and_world():
+    """(rank, number of ranks) once this process has joined the process group; (0, 1) otherwise."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def wrap_ddp(model, device):
+    """The model as it is trained: DDP(model) under torchrun, whose backward all-reduces the gradients; the
+    model itself in one process. Generation, evaluation, the reference model and saving use the bare model."""
+    if rank_and_world()[1] == 1:
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def gradient_sync(model, sync):
+    """Around one micro-batch's forward and backward: DDP all-reduces gradients in every backward, so all
+    but the last micro-batch of a pass run under no_sync and accumulate locally; the last backward then
+    all-reduces the sum. (Syncing every time would give the same gradient, with W times the traffic.)"""
+    return contextlib.nullcontext() if sync or not hasattr(model, "no_sync") else model.no_sync()
+
+
+def rank_share(items):
+    """This rank's contiguous share of items: rank r of W takes items[r*n/W : (r+1)*n/W]."""
+    rank, world_size = rank_and_world()
+    return items[rank * len(items) // world_size:(rank + 1) * len(items) // world_size]
+
+
+def _comm_device():
+    """Where collectives take their tensors: the current GPU for nccl, the CPU for gloo."""
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_reduce(x, op="sum"):
+    """Tensor x summed (or its maximum taken) over all ranks, on every rank; x itself in one process."""
+    if rank_and_world()[1] == 1:
+        return x
+    y = x.to(_comm_device(), copy=True)
+    dist.all_reduce(y, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])  # gloo has no AVG
+    return y.to(x.device)
+
+
+def mean_over_ranks(values):
+    """A dict of numbers averaged over ranks, with one all_reduce; the dict itself in one process."""
+    world_size = rank_and_world()[1]
+    if world_size == 1:
+        return values
+    total = all_reduce(torch.tensor(list(values.values()), dtype=torch.float64))
+    return dict(zip(values, (total / world_size).tolist()))
+
+
+def gather_rows(x):
+    """Every rank's tensor x (the same shape on all) concatenated along dim 0 in rank order; x in one process."""
+    world_size = rank_and_world()[1]
+    if world_size == 1:
+        return x
+    y = x.to(_comm_device()).contiguous()
+    parts = [torch.empty_like(y) for _ in range(world_size)]
+    dist.all_gather(parts, y)
+    return torch.cat(parts).to(x.device)
+
+
+def gather_objects(obj):
+    """Every rank's obj (anything picklable) as a list in rank order; [obj] in one process."""
+    world_size = rank_and_world()[1]
+    if world_size == 1:
+        return [obj]
+    objs = [None] * world_size
+    dist.all_gather_object(objs, obj)
+    return objs
+
+
+def barrier():
+    if rank_and_world()[1] > 1:
+        dist.barrier()
+
+
+def leave_process_group():
+    """At a clean end, on every rank. The barrier keeps a rank from closing its connections while another still
+    reads from them (rank 0 saving the model, say). Not after an error on one rank: the others may be inside a
+    collective, where destroying can hang; torchrun ends them once this rank exits."""
+    if rank_and_world()[1] > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def note(text):
+    """A line on stderr, from rank 0 only: the ranks would all say the same."""
+    if rank_and_world()[0] == 0:
+        print(text, file=sys.stderr)
+
+
+def agree_on_stop(stop):
+    """The stop signal received by any rank (None if none), the same on every rank. Under torchrun a signal may
+    reach one rank only, or reach them during different steps; a rank that stopped alone would leave the others
+    waiting forever in the next step's all-reduce. Called once per step, between steps."""
+    if rank_and_world()[1] > 1:
+        stop["signal"] = int(all_reduce(torch.tensor(stop["signal"] or 0), op="max")) or None
+    return stop["signal"]
+
+
+def weights_digest(model):
+    """sha256 over the bytes of every parameter: equal digests mean bitwise equal weights."""
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+    return h.hexdigest()
 
 
 # --------------------------------------------------------------------------------------------------
