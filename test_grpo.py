@@ -257,6 +257,27 @@ def test_logprobs_match_log_softmax_at_temperature(tiny):
     torch.testing.assert_close(got[0], ref, atol=1e-5, rtol=0)
 
 
+def test_entropy_metric_equals_an_independent_entropy(tiny):
+    """The entropy in the metrics: the token-weighted mean over the completion tokens of the sampling distribution's
+    entropy, softmax(logits / T), here from a whole-row forward pass and torch.distributions (no shared prompt
+    pass, no grpo code), for 8 answers in micro-batches of 3."""
+    model, tokenizer, eos_ids = tiny
+    batch = rollout(model, tokenizer, eos_ids, seed=4)
+    mask = batch["completion_mask"]
+    T = mask.shape[1]
+    args = args_for(micro_batch=3, beta=0.0, temperature=0.7, max_new_tokens=10)
+    got = grpo.accumulate_gradients(model, None, batch, torch.zeros(8), args, cache={})["entropy"]
+    model.zero_grad()
+    with torch.no_grad():
+        attn = batch["attention_mask"]
+        logits = model(input_ids=batch["input_ids"], attention_mask=attn,
+                       position_ids=(attn.cumsum(1) - 1).clamp(min=0)).logits[:, -T - 1:-1]
+    per_token = torch.distributions.Categorical(logits=logits / 0.7).entropy()
+    want = (per_token * mask).sum() / mask.sum()
+    assert 0 < want < math.log(len(CHARS) + 2)
+    assert got == pytest.approx(want.item(), rel=1e-5)
+
+
 def test_generate_masks_and_truncation(tiny):
     model, tokenizer, eos_ids = tiny
     torch.manual_seed(0)
@@ -444,6 +465,71 @@ def test_micro_batching_equals_full_batch(tiny, loss_agg):
     assert result[8][1]["kl"] == pytest.approx(result[2][1]["kl"], rel=1e-5)
 
 
+@pytest.mark.parametrize("loss_agg", ["seq", "token", "const"])
+def test_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
+    """8 sequences in micro-batches of 3 (3+3+2), 5 (5+3) and 100 (one pass): each gives the gradient of the full-batch
+    loss computed directly, in one grpo_loss call with no accumulation, because the loss divides by whole-batch counts."""
+    model, tokenizer, eos_ids = tiny
+    batch = rollout(model, tokenizer, eos_ids, seed=1)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        for p in ref.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0])
+    ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    T = mask.shape[1]
+    model.zero_grad()
+    logp = grpo.completion_logprobs(model, ids, attn, T, 1.0)
+    with torch.no_grad():
+        ref_logp = grpo.completion_logprobs(ref, ids, attn, T, 1.0)
+    want_loss, _ = grpo.grpo_loss(logp, logp.detach(), ref_logp, adv, mask, beta=0.1, loss_agg=loss_agg,
+                                  max_new_tokens=10)
+    want_loss.backward()
+    want = grads(model)
+    for micro in (3, 5, 100):
+        args = args_for(micro_batch=micro, loss_agg=loss_agg, beta=0.1, temperature=1.0, max_new_tokens=10)
+        model.zero_grad()
+        stats = grpo.accumulate_gradients(model, ref, batch, adv, args, cache={})
+        assert stats["loss"] == pytest.approx(want_loss.item(), abs=1e-6), micro
+        for g, w in zip(grads(model), want):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kl_ratio_correction", [False, True])
+def test_kl_term_expected_gradient_is_the_stated_kl(kl_ratio_correction):
+    """A categorical policy pi_theta = softmax(theta) over 6 answers of one token, sampled on-policy (pi_old = pi_theta).
+    The expected loss E_{x ~ pi_old}[loss(x)] is a sum over all 6 answers weighted by the detached pi_old, so its
+    gradient is the exact expected gradient. With adv = 0 and beta = 1 only the KL term is left. The paper's term
+    must give grad KL(pi_ref || pi_theta); with the ratio, grad KL(pi_theta || pi_ref); both from autograd on the
+    closed-form KLs, which differ from each other here."""
+    torch.manual_seed(0)
+    theta = torch.randn(6, requires_grad=True)
+    ref_logp = torch.log_softmax(2 * torch.randn(6), 0)
+    logp = torch.log_softmax(theta, 0)
+    pi_old = logp.exp().detach()
+    loss_t, _, _ = grpo.per_token_loss(logp[:, None], logp.detach()[:, None], ref_logp[:, None], torch.zeros(6),
+                                       clip_eps=0.2, beta=1.0, kl_ratio_correction=kl_ratio_correction)
+    (got,) = torch.autograd.grad((pi_old * loss_t[:, 0]).sum(), theta, retain_graph=True)
+    pi = logp.exp()
+    (forward_kl,) = torch.autograd.grad((pi * (logp - ref_logp)).sum(), theta, retain_graph=True)  # KL(pi || ref)
+    (reverse_kl,) = torch.autograd.grad((ref_logp.exp() * (ref_logp - logp)).sum(), theta)      # KL(ref || pi)
+    assert (forward_kl - reverse_kl).abs().max() > 0.1, "the two KLs must differ for this test to tell them apart"
+    want = forward_kl if kl_ratio_correction else reverse_kl
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+def test_kl_ratio_correction_changes_only_the_gradient():
+    """At mu = 1 the ratio is 1, so the corrected term has the same value (and the same logged kl) as the paper's."""
+    torch.manual_seed(1)
+    logp = torch.randn(3, 4).requires_grad_()
+    ref = torch.randn(3, 4)
+    values = [grpo.grpo_loss(logp, logp.detach(), ref, torch.tensor([1.0, -1.0, 0.5]), torch.ones(3, 4),
+                             kl_ratio_correction=c) for c in (False, True)]
+    assert values[0][0].item() == pytest.approx(values[1][0].item(), abs=1e-7) and values[0][1] == values[1][1]
+    g = [torch.autograd.grad(v[0], logp)[0] for v in values]
+    assert (g[0] - g[1]).abs().max() > 1e-3
+
+
 def test_mu_passes_reuse_old_logprobs(tiny):
     """With mu > 1 the later passes see ratio != 1 against the cached sampling log-probs."""
     model, tokenizer, eos_ids = tiny
@@ -486,6 +572,87 @@ def test_cli_end_to_end(tiny_dir, data_dir, tmp_path, algo):
     original = AutoModelForCausalLM.from_pretrained(tiny_dir)
     changed = any(not torch.equal(a, b) for a, b in zip(saved.parameters(), original.parameters()))
     assert changed, "two steps at lr 1e-3 must move the weights"
+
+
+def wandb_history(path):
+    """The history rows of an offline wandb run, read from its run-ID.wandb file: a header, then a log of protobuf
+    Records in 32 KiB blocks, each piece with a 7-byte header (crc32, length, kind: 1 whole, 2-4 first/middle/last)."""
+    import struct
+    from wandb.proto import wandb_internal_pb2
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B"
+    block, pos, payload, rows = 32768, 7, b"", []
+    while pos + 7 <= len(data):
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if block - pos % block < 7 or (length == 0 and kind == 0):  # the rest of a block is padding
+            pos += block - pos % block
+            continue
+        payload += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(payload)
+            payload = b""
+            if record.HasField("history"):
+                rows.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                             for item in record.history.item})
+    return rows
+
+
+def test_wandb_offline_run_holds_the_metrics(tiny_dir, data_dir, tmp_path):
+    """--wandb with WANDB_MODE=offline: the run's local history has every train and eval line of metrics.jsonl,
+    with the same values, at the same steps."""
+    pytest.importorskip("wandb", reason=".ci/run installs wandb; install it to run this test")
+    out = tmp_path / "run"
+    r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--G", "4", "--batch-prompts", "2", "--steps", "2",
+                "--max-new-tokens", "8", "--eval-every", "1", "--eval-n", "4", "--wandb", "grpo-test", "--out", str(out),
+                env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    files = list(out.glob("wandb/offline-run-*/run-*.wandb"))
+    assert len(files) == 1
+    history = {}
+    for row in wandb_history(files[0]):
+        history.setdefault(row["_step"], {}).update(row)
+    lines = [json.loads(line) for line in open(out / "metrics.jsonl")][1:]
+    assert sorted(history) == [0, 1, 2]
+    for line in lines:
+        for key in ("reward_mean", "loss", "kl", "entropy", "grad_norm") if line["type"] == "train" else ("acc_lenient", "n"):
+            assert history[line["step"]][f"{line['type']}/{key}"] == pytest.approx(line[key]), (line["step"], key)
+
+
+def test_wandb_missing_is_a_one_line_error(tiny_dir, data_dir, tmp_path):
+    """wandb is imported only with --wandb; a machine without it gets one line saying what to install. A module
+    named wandb that fails to import, first on the path, stands in for the missing package."""
+    (tmp_path / "wandb.py").write_text("raise ImportError('no wandb here')\n")
+    r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--wandb", "p", "--steps", "1", "--max-new-tokens", "8",
+                "--out", str(tmp_path / "run"),
+                env={"PYTHONPATH": str(tmp_path)})
+    assert_one_line_error(r, "--wandb", "pip install wandb")
+
+
+def test_dtype_auto_follows_the_hardware(monkeypatch):
+    cpu = torch.device("cpu")
+    for flags, want in (((False, False), "float32"), ((True, False), "bfloat16"), ((False, True), "bfloat16")):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: flags[0])
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: flags[1])
+        assert grpo.resolve_dtype("auto", cpu) == want
+        assert grpo.resolve_dtype("float32", cpu) == "float32" and grpo.resolve_dtype("bfloat16", cpu) == "bfloat16"
+
+
+def test_bf16_ratio_is_exactly_one_at_mu_1(tiny):
+    """Under bf16 autocast the old log-probs must come from the very pass that is differentiated: with clip_eps = 0
+    any ratio other than exactly 1 would be counted as clipped (a second pass in bf16 would round differently)."""
+    model, tokenizer, eos_ids = tiny
+    batch = rollout(model, tokenizer, eos_ids, seed=5)
+    args = args_for(micro_batch=3, beta=0.1, clip_eps=0.0, temperature=1.0, max_new_tokens=10, dtype="bfloat16")
+    model.zero_grad()
+    stats = grpo.accumulate_gradients(model, copy.deepcopy(model), batch, torch.tensor([1.0, -1.0] * 4), args, cache={})
+    model.zero_grad()
+    assert stats["clip_frac"] == 0.0 and stats["kl"] == 0.0
+    T = batch["completion_mask"].shape[1]  # and bf16 is really in use: its log-probs differ from fp32's
+    bf16 = grpo.completion_logprobs(model, batch["input_ids"], batch["attention_mask"], T, 1.0, dtype="bfloat16")
+    fp32 = grpo.completion_logprobs(model, batch["input_ids"], batch["attention_mask"], T, 1.0)
+    assert 0 < (bf16 - fp32).abs().max() < 0.5
 
 
 def test_grpo_learns_toy_task(tiny_dir, tmp_path):
@@ -536,7 +703,7 @@ def test_bad_input(tiny_dir, data_dir, tmp_path):
     noref = write_data(tmp_path / "noref", sums(3), [{"question": "q", "answer": "42"}])
     assert_one_line_error(run_cli(*base, "--dataset", noref), "test.jsonl line 1", "####")
     assert_one_line_error(run_cli(*base, "--dataset", data_dir, "--G", "1"), "--G")
-    assert_one_line_error(run_cli(*base, "--dataset", data_dir, "--G", "4", "--micro-batch", "3"), "--micro-batch")
+    assert_one_line_error(run_cli(*base, "--dataset", data_dir, "--micro-batch", "0"), "--micro-batch")
     assert_one_line_error(run_cli(*base, "--dataset", data_dir, "--device", "tpu9"), "--device")
     assert not out.exists(), "a rejected run must write nothing"
     # a Hub id that cannot be reached fails within seconds, saying how to run offline
@@ -807,6 +974,20 @@ def test_two_runs_with_the_same_seed_are_identical(tiny_dir, run_data, reference
     assert_same_run(out, reference_run)
 
 
+def test_bf16_runs_repeat_and_resume_bit_for_bit(tiny_dir, run_data, reference_run, tmp_path):
+    """--dtype bfloat16 on the CPU: two runs with the same seed are identical, and a run stopped after step 4 and
+    resumed equals the uninterrupted one (metrics and final weights, bitwise)."""
+    flags = lambda out, *extra: grpo.get_args(run_flags(tiny_dir, run_data, out, "--dtype", "bfloat16", *extra))
+    first, again, resumed = tmp_path / "first", tmp_path / "again", tmp_path / "resumed"
+    grpo.train(flags(first))
+    grpo.train(flags(again))
+    assert_same_run(again, first)
+    assert json.loads(open(first / "metrics.jsonl").readline())["dtype"] == "bfloat16"
+    grpo.train(flags(resumed, "--steps", "4"))  # 4: a step the full run also evaluates at
+    grpo.train(grpo.get_args(["--resume", str(resumed), "--steps", "6"]))
+    assert_same_run(resumed, first)
+
+
 def test_resume_bad_input(tiny_dir, run_data, reference_run, tmp_path, capsys):
     before = open(reference_run / "metrics.jsonl").read()
     assert_one_line_error(main_exit(capsys, ["--resume", str(reference_run)]), "--steps N with N > 6")
@@ -825,17 +1006,17 @@ def test_nonfinite_updates_are_skipped_and_the_run_stops(tiny_dir, run_data, tmp
     flags = ["--micro-batch", "8", "--steps", "20"]  # one micro-batch: one policy forward pass per step
     one_step = tmp_path / "one_step"
     grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, one_step, *flags, "--steps", "1")))
-    real_logprobs, calls = grpo.completion_logprobs, []
+    real_logits, calls = grpo.completion_logits, []
 
     def nan_after_step_1(model, *args, **kwargs):
-        logp = real_logprobs(model, *args, **kwargs)
+        logits = real_logits(model, *args, **kwargs)
         if torch.is_grad_enabled():  # the policy's forward pass (the reference's runs under no_grad)
             calls.append(1)
             if len(calls) > 1:
-                return logp * float("nan")
-        return logp
+                return logits * float("nan")
+        return logits
 
-    monkeypatch.setattr(grpo, "completion_logprobs", nan_after_step_1)
+    monkeypatch.setattr(grpo, "completion_logits", nan_after_step_1)
     out = tmp_path / "run"
     r = main_exit(capsys, run_flags(tiny_dir, run_data, out, *flags))
     assert r.returncode == 3
@@ -880,6 +1061,51 @@ def test_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, data_dir, tmp_
                               "--out", str(out)]))
     assert "--eval-n 50 is more than the 10 test questions; evaluating on all 10" in capsys.readouterr().err
     assert [x["n"] for x in comparable_metrics(out) if x["type"] == "eval"] == [10, 10]
+
+
+def fake_proxy(reply):
+    """A local listener that reads one request and answers it with `reply`; returns (port, requests seen)."""
+    import threading
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    seen = []
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            seen.append(conn.recv(4096))
+            conn.sendall(reply)
+        server.close()
+    threading.Thread(target=serve, daemon=True).start()
+    return server.getsockname()[1], seen
+
+
+def test_hub_check_goes_through_the_proxy(monkeypatch):
+    """With HTTPS_PROXY set, the Hub check asks the proxy for a tunnel to the Hub (a direct connection is what such
+    networks block): a proxy that agrees means reachable, one that refuses or does not listen means not."""
+    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY",
+                 "no_proxy", "HF_ENDPOINT", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    port, seen = fake_proxy(b"HTTP/1.1 200 Connection established\r\n\r\n")
+    monkeypatch.setenv("HTTPS_PROXY", f"http://user:pa%40ss@127.0.0.1:{port}")
+    assert grpo.hub_reachable(timeout=5) is True
+    request = seen[0].decode()
+    assert request.startswith("CONNECT huggingface.co:443 HTTP/1.1\r\n")
+    assert "Proxy-Authorization: Basic " + __import__("base64").b64encode(b"user:pa@ss").decode() in request
+
+    monkeypatch.delenv("HTTPS_PROXY")
+    port, seen = fake_proxy(b"HTTP/1.1 403 Forbidden\r\n\r\n")
+    monkeypatch.setenv("https_proxy", f"127.0.0.1:{port}")  # lower case and no scheme, as many clusters write it
+    assert grpo.hub_reachable(timeout=5) is False and seen
+
+    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    assert grpo.hub_reachable(timeout=5) is False
+
+    port, seen = fake_proxy(b"")  # NO_PROXY names the host: a direct connection, not a CONNECT through the proxy
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    assert grpo.hub_reachable(timeout=5) is True
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
@@ -1014,8 +1240,6 @@ def test_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monk
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun --nproc_per_node=2 sets; checked before joining any group
     flags = ["--model", tiny_dir, "--dataset", data_dir, "--out", str(tmp_path / "run"), "--G", "4"]
     assert_one_line_error(main_exit(capsys, flags + ["--batch-prompts", "3"]), "--batch-prompts 3", "2 processes")
-    assert_one_line_error(main_exit(capsys, flags + ["--batch-prompts", "2", "--micro-batch", "8"]),
-                          "--micro-batch 8", "per process (B*G/2) = 4")
     assert not (tmp_path / "run").exists()
 
 
@@ -1067,6 +1291,21 @@ def test_torchrun_two_processes_end_to_end(ddp_run, tiny_dir):
     assert grpo.weights_digest(original) != digests[0], "two steps at lr 1e-3 must move the weights"
     AutoModelForCausalLM.from_pretrained(out / "checkpoint")
     assert len(torch.load(out / "checkpoint" / "rng.pt")) == 2  # each rank's RNG states, for --resume
+
+
+def test_torchrun_with_two_sequences_per_rank_and_the_default_micro_batch(tiny_dir, data_dir, tmp_path):
+    """B=2, G=2 on 2 ranks: each rank trains on 2 sequences with --micro-batch left at its default of 8, which is
+    larger than a rank's batch and so means all of it. This used to stop with '--micro-batch 8 must divide'."""
+    out = tmp_path / "run"
+    r = torchrun("--standalone", "--nproc_per_node=2", "grpo.py", "--model", tiny_dir, "--dataset", data_dir, "--G", "2",
+                 "--batch-prompts", "2", "--steps", "2", "--max-new-tokens", "8", "--eval-n", "4", "--lr", "1e-3",
+                 "--out", str(out))
+    assert r.returncode == 0, torchrun_failed(r)
+    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert lines[0]["micro_batch"] == 8 and lines[0]["world_size"] == 2
+    train = [x for x in lines if x["type"] == "train"]
+    assert [x["step"] for x in train] == [1, 2] and all(math.isfinite(x["loss"]) for x in train)
+    assert lines[-1]["type"] == "replicas" and len(set(lines[-1]["sha256"])) == 1
 
 
 def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, tiny_dir, data_dir, tmp_path):
