@@ -313,7 +313,8 @@ def disable_dropout(model):
 
 def autocast(device, dtype):
     """Matmuls in `dtype` ('bfloat16' or 'float32'); the weights stay fp32, so AdamW updates them in full precision.
-    Inside one autocast region each fp32 weight is cast once and the copy reused, e.g. by every decode step."""
+    Inside one autocast region a weight that requires grad is cast once and the copy reused (by every decode step);
+    the frozen reference's weights are cast again on each call, which is once per micro-batch."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
 

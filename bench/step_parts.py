@@ -3,8 +3,9 @@
 Times generate (fixed length: no EOS ids), the policy log-prob forward + backward through the loss,
 the reference forward, clip + fused AdamW, and token_logprobs alone (the vocabulary-sized part).
 With --ab it instead times completion_logprobs with share_prompts=True and False, twice each
-(forward with grad, backward, forward without grad). Uses the model directory bench_vs_trl.py made.
-Usage: python bench/step_parts.py --model smollm2 --reps 1;  python bench/step_parts.py --model smollm2 --ab
+(forward with grad, backward, forward without grad). --dtype is grpo.py's (the matmuls' dtype under autocast).
+Uses the model directory bench_vs_trl.py made.
+Usage: python bench/step_parts.py --model smollm2 --reps 1 [--dtype bfloat16];  python bench/step_parts.py --model smollm2 --ab
 """
 import argparse
 import copy
@@ -29,31 +30,32 @@ def main():
     p.add_argument("--model", default="smollm2", choices=sorted(PRESETS))
     p.add_argument("--reps", type=int, default=1)
     p.add_argument("--ab", action="store_true")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     a = p.parse_args()
     torch.set_num_threads(1)
     B, G, N = (PRESETS[a.model][k] for k in ("batch_prompts", "G", "new_tokens"))
-    model, tok, _ = grpo.load_model(prepare_model(a.model, os.path.join(tempfile.gettempdir(), "grpo-bench")),
-                                    torch.device("cpu"))
+    model, tok = grpo.load_model(prepare_model(a.model, os.path.join(tempfile.gettempdir(), "grpo-bench")),
+                                 torch.device("cpu"))[:2]
     train, _ = grpo.load_data("arith", 0)
     prompts = [grpo.build_prompt(tok, r["question"]) for r in train[:B]]
     torch.manual_seed(0)
-    batch = grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0)
+    batch = grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0, dtype=a.dtype)
     x, attn, m = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
     if a.ab:
         res = {}
         for share in (True, False, True, False):
             t0 = time.perf_counter()
-            logp = grpo.completion_logprobs(model, x, attn, N, 1.0, share_prompts=share)
+            logp = grpo.completion_logprobs(model, x, attn, N, 1.0, share_prompts=share, dtype=a.dtype)
             t1 = time.perf_counter()
             (logp * m).sum().backward()
             t2 = time.perf_counter()
             with torch.no_grad():
-                grpo.completion_logprobs(model, x, attn, N, 1.0, share_prompts=share)
+                grpo.completion_logprobs(model, x, attn, N, 1.0, share_prompts=share, dtype=a.dtype)
             t3 = time.perf_counter()
             model.zero_grad(set_to_none=True)
             res.setdefault(f"share_prompts={share}", []).append(
                 {"forward": round(t1 - t0, 2), "backward": round(t2 - t1, 2), "no_grad_forward": round(t3 - t2, 2)})
-        print(a.model, tuple(x.shape), json.dumps(res))
+        print(a.model, a.dtype, tuple(x.shape), json.dumps(res))
         return
 
     ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -69,20 +71,20 @@ def main():
         return statistics.median(ts)
 
     def policy():
-        logp = grpo.completion_logprobs(model, x, attn, N, 1.0)
+        logp = grpo.completion_logprobs(model, x, attn, N, 1.0, dtype=a.dtype)
         grpo.grpo_loss(logp, logp.detach(), logp.detach(), adv, m)[0].backward()
 
     def reference():
         with torch.no_grad():
-            grpo.completion_logprobs(ref, x, attn, N, 1.0)
+            grpo.completion_logprobs(ref, x, attn, N, 1.0, dtype=a.dtype)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-9, fused=True)
     logits = torch.randn(B * G, N - 1, model.config.vocab_size, requires_grad=True)
-    res = {"generate": timeit(lambda: grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0)),
+    res = {"generate": timeit(lambda: grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0, dtype=a.dtype)),
            "policy_fwd_bwd": timeit(policy), "ref_fwd": timeit(reference),
            "clip+adamw": timeit(lambda: (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0), opt.step())),
            "token_logprobs_fwd_bwd": timeit(lambda: grpo.token_logprobs(logits, x[:, -N + 1:], 1.0).sum().backward())}
-    print(a.model, tuple(x.shape), json.dumps({k: round(v, 3) for k, v in res.items()}))
+    print(a.model, a.dtype, tuple(x.shape), json.dumps({k: round(v, 3) for k, v in res.items()}))
 
 
 if __name__ == "__main__":
