@@ -72,3 +72,16 @@ done
           -e 's/^| gv_tiny30_at60, arith | initial |/| tiny30, arith | GRPO step 180 of 300 |/' \
           -e 's/^| gv_tiny30_at90, arith | initial |/| tiny30, arith | GRPO step 270 of 300 |/'
 } > results/variance/tiny30_along_training.md
+
+# 5. SmolLM2-135M-Instruct on arith, the real-model confirmation (issue 12): grpo and reinforce, seeds 0-2, 100 steps,
+#    greedy eval on 200 held-out questions at steps 0, 50 and 100, --dtype auto (bfloat16 on this CPU). About 50 min of
+#    one thread per run; --save-every 10 lets a stopped run continue with `python grpo.py --resume runs/smollm2_arith/<run>`.
+#    One thread each, so a rerun gives the same numbers (same torch version and thread count).
+for seed in 0 1 2; do
+  for algo in grpo reinforce; do
+    OMP_NUM_THREADS=1 python grpo.py --model smollm2 --dataset arith --algo $algo --G 8 --batch-prompts 2 \
+      --max-new-tokens 64 --temperature 0.7 --lr 1e-5 --steps 100 --eval-every 50 --eval-n 200 --save-every 10 \
+      --seed $seed --out runs/smollm2_arith/${algo}_seed$seed --overwrite
+    gzip -c runs/smollm2_arith/${algo}_seed$seed/metrics.jsonl > results/smollm2_arith/${algo}_seed$seed.jsonl.gz
+  done
+done
