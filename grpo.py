@@ -640,8 +640,8 @@ def due(step, every, last):
 
 
 # ==================================================================================================
-# Infrastructure. Nothing below is part of the algorithm: it keeps a long run safe, checks the flags,
-# and spreads the work over several processes. The main loop reaches each part through one call.
+# Infrastructure. Nothing below is part of the algorithm: it loads the model and the data, keeps a long run
+# safe, checks the flags, and spreads the work over several processes. The main loop reaches each part by one call.
 # ==================================================================================================
 
 # Loading: the model (ready for GRPO) and the offline data set. ---------------------------------
