@@ -644,7 +644,7 @@ def due(step, every, last):
 # safe, checks the flags, and spreads the work over several processes. The main loop reaches each part by one call.
 # ==================================================================================================
 
-# Loading: the model (ready for GRPO) and the offline data set. ---------------------------------
+# Loading: the model (ready for GRPO), the data files, the Hub check and the offline data set. ---
 
 def load_model(name, device):
     """The policy and its tokenizer, made ready for GRPO: its EOS ids, left padding, sampling defaults that
@@ -659,7 +659,7 @@ def load_model(name, device):
         # Safe here: the completion mask comes from the first EOS, never from `token != pad`.
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # batched generation appends after the last real token of every row
-    # `generate` below samples softmax(logits / T) itself; replace the shipped sampling defaults (Qwen ships
+    # `generate` samples softmax(logits / T) itself; replace the shipped sampling defaults (Qwen ships
     # top_k=20, top_p=0.8, repetition_penalty=1.05) too, so the saved model's config says what it was trained on.
     model.generation_config = GenerationConfig(eos_token_id=sorted(eos_ids), pad_token_id=tokenizer.pad_token_id,
                                                bos_token_id=tokenizer.bos_token_id)
@@ -681,9 +681,6 @@ def disable_dropout(model):
             m.attention_dropout = 0.0
 
 
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
 def cache_arg(model):
     """transformers 5 renamed the forward argument `past_key_values` to `cache`. Under torchrun the model is
     DDP(model), whose forward takes **kwargs and passes them on: the name is the wrapped model's."""
@@ -694,6 +691,9 @@ def cache_arg(model):
 def context_limit(model):
     """How many positions the model has (None if its config does not say)."""
     return getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
+
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def load_pretrained(name):
