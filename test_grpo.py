@@ -1372,21 +1372,34 @@ def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, tiny
     """SIGTERM reaches rank 1 only, during step 1: both ranks must stop after step 1 (none waits forever in the
     next step's all-reduce), rank 0 checkpoints; the printed torchrun command resumes, and the resumed run
     equals the uninterrupted one bit for bit (each rank continues its own sampling stream)."""
-    wrapper = tmp_path / "slow_grpo.py"  # grpo.main with step 1 slowed down, so the signal surely lands in it
+    wrapper = tmp_path / "held_grpo.py"  # grpo.main with rank 1 held inside step 1 until the signal has reached it
     wrapper.write_text("import os, sys, time\n"
                        f"sys.path.insert(0, {HERE!r})\n"
                        "import grpo\n"
-                       "open(os.path.join(os.path.dirname(__file__), 'pid' + os.environ['RANK']), 'w').write(str(os.getpid()))\n"
-                       "real_step = grpo.train_step\n"
-                       "grpo.train_step = lambda *a: (time.sleep(3), real_step(*a))[1]\n"
+                       "here, rank, steps = os.path.dirname(__file__), os.environ['RANK'], []\n"
+                       "real_catch, real_step = grpo.catch_stop_signals, grpo.train_step\n"
+                       "def catch(stop):\n"
+                       "    steps.append(stop)  # the dict the handler writes to\n"
+                       "    return real_catch(stop)\n"
+                       "def step(*a):\n"
+                       "    if rank == '1' and len(steps) == 1:  # the first step: say so, then wait for the signal\n"
+                       "        open(os.path.join(here, 'in_step1'), 'w').write(str(os.getpid()))\n"
+                       "        t0 = time.time()\n"
+                       "        while steps[0]['signal'] is None and time.time() - t0 < 120: time.sleep(0.01)\n"
+                       "        steps.append('held')\n"
+                       "    return real_step(*a)\n"
+                       "grpo.catch_stop_signals, grpo.train_step = catch, step\n"
                        "grpo.main(sys.argv[1:])\n")
     out = tmp_path / "run"
     flags = ["--model", tiny_dir, "--dataset", data_dir, *DDP_RUN, "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              str(wrapper), *flags], cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **ONE_THREAD})
-    wait_for_line(out, '"type": "eval"')  # step 0 evaluated: the handlers are in place, step 1 is running
-    os.kill(int((tmp_path / "pid1").read_text()), signal.SIGTERM)
+    marker, t0 = tmp_path / "in_step1", time.time()
+    while not marker.exists() or not marker.read_text():  # rank 1 is inside step 1 and waits for the signal
+        assert proc.poll() is None and time.time() - t0 < 300, "rank 1 never reached step 1"
+        time.sleep(0.02)
+    os.kill(int(marker.read_text()), signal.SIGTERM)
     stderr = proc.communicate(timeout=300)[1]
     assert proc.returncode != 0  # torchrun reports the ranks' exit status 143 as a failure
     assert trainer_state(out)["step"] == 1
