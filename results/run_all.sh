@@ -85,3 +85,4 @@ for seed in 0 1 2; do
     gzip -c runs/smollm2_arith/${algo}_seed$seed/metrics.jsonl > results/smollm2_arith/${algo}_seed$seed.jsonl.gz
   done
 done
+python results/smollm2_seeds.py --md results/smollm2_arith/seeds.md --png results/smollm2_arith/seeds.png
