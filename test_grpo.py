@@ -950,7 +950,7 @@ def test_sigterm_mid_step_checkpoints_and_resume_matches_uninterrupted(tiny_dir,
 def test_ctrl_c_on_the_cli_then_the_printed_command_resumes(tiny_dir, run_data, reference_run, tmp_path):
     out = tmp_path / "run"
     proc, stderr = start_slow_run(run_flags(tiny_dir, run_data, out), tmp_path, step_sleep=0.3)
-    wait_for_line(out, '"type": "eval"')  # step 0 evaluated: the handlers are in place, step 1 is running
+    wait_in_step(proc, tmp_path)
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
     message = open(stderr).read().strip().splitlines()[-1]
@@ -967,7 +967,7 @@ def test_ctrl_c_on_the_cli_then_the_printed_command_resumes(tiny_dir, run_data, 
 def test_second_ctrl_c_quits_at_once(tiny_dir, run_data, tmp_path):
     out = tmp_path / "run"
     proc, stderr = start_slow_run(run_flags(tiny_dir, run_data, out), tmp_path, step_sleep=30)
-    wait_for_line(out, '"type": "eval"')
+    wait_in_step(proc, tmp_path)
     proc.send_signal(signal.SIGINT)
     time.sleep(1.0)
     assert proc.poll() is None, "the first Ctrl-C must let the 30 s step finish"
@@ -983,7 +983,11 @@ def start_slow_run(flags, tmp_path, step_sleep):
     """grpo.main in a subprocess, with each train_step slowed down so a signal surely lands mid-run."""
     code = ("import sys, time, grpo\n"
             "real_step = grpo.train_step\n"
-            f"grpo.train_step = lambda *a: (time.sleep({step_sleep}), real_step(*a))[1]\n"
+            "def step(*a):\n"
+            f"    open({str(tmp_path / 'in_step')!r}, 'a').close()  # for wait_in_step\n"
+            f"    time.sleep({step_sleep})\n"
+            "    return real_step(*a)\n"
+            "grpo.train_step = step\n"
             "grpo.main(sys.argv[1:])\n")
     stderr = tmp_path / "stderr.txt"
     proc = subprocess.Popen([sys.executable, "-c", code, *flags], cwd=HERE, stdout=subprocess.DEVNULL,
@@ -991,13 +995,13 @@ def start_slow_run(flags, tmp_path, step_sleep):
     return proc, stderr
 
 
-def wait_for_line(out, text, timeout=120):
-    path, t0 = os.path.join(out, "metrics.jsonl"), time.time()
-    while time.time() - t0 < timeout:
-        if os.path.exists(path) and text in open(path).read():
-            return
+def wait_in_step(proc, tmp_path, timeout=120):
+    """Until start_slow_run's process is inside its first train step: a signal sent now lands mid-step, where
+    it must let the step finish. (After the step-0 eval line it could still land before step 1 begins.)"""
+    t0 = time.time()
+    while not (tmp_path / "in_step").exists():
+        assert proc.poll() is None and time.time() - t0 < timeout, "the run never reached step 1"
         time.sleep(0.02)
-    raise AssertionError(f"no {text} line in {path} after {timeout} s")
 
 
 class Killed(BaseException):
