@@ -28,6 +28,7 @@ def run_row(path):
     return {"seed": config["seed"], "steps": len(train), "dtype": config["dtype"],
             "eval": {e["step"]: (e["acc_lenient"], e["acc_strict"]) for e in evals},
             "reward_first": mean(first, "reward_mean"), "reward_last": mean(last, "reward_mean"),
+            "auc": mean(train, "reward_mean"),
             "entropy_first": mean(first, "entropy"), "entropy_last": mean(last, "entropy"),
             "kl_last": mean(last, "kl"), "all_correct": mean(train, "frac_all_correct"),
             "all_wrong": mean(train, "frac_all_wrong"), "len_first": mean(first, "completion_len"),
@@ -49,20 +50,20 @@ def load(folder):
 def table(runs):
     steps = sorted({s for rs in runs.values() for r in rs for s in r["eval"]})
     head = ("| algo | seed | " + " | ".join(f"eval lenient (strict), step {s}" for s in steps)
-            + " | train reward, first 10 → last 10 steps | entropy, first 10 → last 10 | KL, last 10 "
+            + " | train reward, first 10 → last 10 steps | mean train reward (AUC) | entropy, first 10 → last 10 | KL, last 10 "
             "| all-correct / all-wrong groups | answer tokens, first 10 → last 10 | step time, sum, min |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     cell = lambda r, s: "-" if s not in r["eval"] else "%.3f (%.3f)" % r["eval"][s]  # noqa: E731
     for algo, rs in runs.items():
         for r in rs:
             lines.append(f"| {algo} | {r['seed']} | " + " | ".join(cell(r, s) for s in steps)
-                         + f" | {r['reward_first']:.3f} → {r['reward_last']:.3f} | {r['entropy_first']:.3f} → "
+                         + f" | {r['reward_first']:.3f} → {r['reward_last']:.3f} | {r['auc']:.3f} | {r['entropy_first']:.3f} → "
                          f"{r['entropy_last']:.3f} | {r['kl_last']:.3f} | {r['all_correct']:.3f} / {r['all_wrong']:.3f}"
                          f" | {r['len_first']:.1f} → {r['len_last']:.1f} | {r['wall_min']:.0f} |")
     lines += ["", "Mean over seeds [min, max]:", "",
               "| algo | seeds | " + " | ".join(f"lenient, step {s}" for s in steps) + " | "
-              + " | ".join(f"strict, step {s}" for s in steps) + " | train reward, last 10 | entropy, last 10 |",
-              "|" + "---|" * (4 + 2 * len(steps))]
+              + " | ".join(f"strict, step {s}" for s in steps) + " | train reward, last 10 | AUC | entropy, last 10 |",
+              "|" + "---|" * (5 + 2 * len(steps))]
     span = lambda xs: f"{statistics.mean(xs):.3f} [{min(xs):.3f}, {max(xs):.3f}]"  # noqa: E731
     for algo, rs in runs.items():
         if not rs:
@@ -70,7 +71,17 @@ def table(runs):
         evals = [span([r["eval"][s][k] for r in rs if s in r["eval"]]) if any(s in r["eval"] for r in rs) else "-"
                  for k in (0, 1) for s in steps]
         lines.append(f"| {algo} | {len(rs)} | " + " | ".join(evals) + f" | {span([r['reward_last'] for r in rs])}"
-                     f" | {span([r['entropy_last'] for r in rs])} |")
+                     f" | {span([r['auc'] for r in rs])} | {span([r['entropy_last'] for r in rs])} |")
+    lines += ["", "Paired by seed (same questions, same starting policy), reinforce minus grpo:", "",
+              "| seed | Δ lenient, last eval | Δ AUC | Δ train reward, last 10 | Δ entropy, last 10 |", "|---|---|---|---|---|"]
+    grpo = {r["seed"]: r for r in runs["grpo"]}
+    for r in runs["reinforce"]:
+        g = grpo.get(r["seed"])
+        if g is not None:
+            last = max(set(r["eval"]) & set(g["eval"]))
+            lines.append(f"| {r['seed']} | {r['eval'][last][0] - g['eval'][last][0]:+.3f} (step {last}) | "
+                         f"{r['auc'] - g['auc']:+.3f} | {r['reward_last'] - g['reward_last']:+.3f} | "
+                         f"{r['entropy_last'] - g['entropy_last']:+.3f} |")
     return "\n".join(lines) + "\n"
 
 
