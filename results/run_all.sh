@@ -74,7 +74,7 @@ done
 } > results/variance/tiny30_along_training.md
 
 # 5. SmolLM2-135M-Instruct on arith, the real-model confirmation (issue 12): grpo and reinforce, seeds 0-2, 100 steps,
-#    greedy eval on 200 held-out questions at steps 0, 50 and 100, --dtype auto (bfloat16 on this CPU). About 50 min of
+#    greedy eval on 200 held-out questions at steps 0, 50 and 100, --dtype auto (bfloat16 on this CPU). 22-46 min of
 #    one thread per run; --save-every 10 lets a stopped run continue with `python grpo.py --resume runs/smollm2_arith/<run>`.
 #    One thread each, so a rerun gives the same numbers (same torch version and thread count).
 for seed in 0 1 2; do
