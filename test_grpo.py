@@ -950,7 +950,7 @@ def test_sigterm_mid_step_checkpoints_and_resume_matches_uninterrupted(tiny_dir,
 def test_ctrl_c_on_the_cli_then_the_printed_command_resumes(tiny_dir, run_data, reference_run, tmp_path):
     out = tmp_path / "run"
     proc, stderr = start_slow_run(run_flags(tiny_dir, run_data, out), tmp_path, step_sleep=0.3)
-    wait_in_step(proc, tmp_path)
+    wait_in_step(proc, tmp_path / "in_step")
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
     message = open(stderr).read().strip().splitlines()[-1]
@@ -967,7 +967,7 @@ def test_ctrl_c_on_the_cli_then_the_printed_command_resumes(tiny_dir, run_data, 
 def test_second_ctrl_c_quits_at_once(tiny_dir, run_data, tmp_path):
     out = tmp_path / "run"
     proc, stderr = start_slow_run(run_flags(tiny_dir, run_data, out), tmp_path, step_sleep=30)
-    wait_in_step(proc, tmp_path)
+    wait_in_step(proc, tmp_path / "in_step")
     proc.send_signal(signal.SIGINT)
     time.sleep(1.0)
     assert proc.poll() is None, "the first Ctrl-C must let the 30 s step finish"
@@ -995,11 +995,12 @@ def start_slow_run(flags, tmp_path, step_sleep):
     return proc, stderr
 
 
-def wait_in_step(proc, tmp_path, timeout=120):
-    """Until start_slow_run's process is inside its first train step: a signal sent now lands mid-step, where
-    it must let the step finish. (After the step-0 eval line it could still land before step 1 begins.)"""
+def wait_in_step(proc, marker, timeout=120):
+    """Until the slowed-down run `proc` has created `marker` on entering its first train step: a signal sent now
+    lands mid-step, where it must let the step finish. (After the step-0 eval line it could still land before
+    step 1 begins.)"""
     t0 = time.time()
-    while not (tmp_path / "in_step").exists():
+    while not marker.exists():
         assert proc.poll() is None and time.time() - t0 < timeout, "the run never reached step 1"
         time.sleep(0.02)
 
@@ -1381,13 +1382,14 @@ def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, tiny
                        f"sys.path.insert(0, {HERE!r})\n"
                        "import grpo\n"
                        "here, rank, stops, held = os.path.dirname(__file__), os.environ['RANK'], [], []\n"
+                       "open(os.path.join(here, 'pid' + rank), 'w').write(str(os.getpid()))\n"
                        "real_catch, real_step = grpo.catch_stop_signals, grpo.train_step\n"
                        "def catch(stop):\n"
                        "    stops.append(stop)  # the dict the signal handler writes to\n"
                        "    return real_catch(stop)\n"
                        "def step(*a):\n"
                        "    if rank == '1' and not held:  # the first step: say so, then wait for the signal\n"
-                       "        open(os.path.join(here, 'in_step1'), 'w').write(str(os.getpid()))\n"
+                       "        open(os.path.join(here, 'in_step1'), 'w').close()\n"
                        "        t0 = time.time()\n"
                        "        while stops[0]['signal'] is None and time.time() - t0 < 120: time.sleep(0.01)\n"
                        "        held.append(True)\n"
@@ -1399,11 +1401,8 @@ def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, tiny
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              str(wrapper), *flags], cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **ONE_THREAD})
-    marker, t0 = tmp_path / "in_step1", time.time()
-    while not marker.exists() or not marker.read_text():  # rank 1 is inside step 1 and waits for the signal
-        assert proc.poll() is None and time.time() - t0 < 300, "rank 1 never reached step 1"
-        time.sleep(0.02)
-    os.kill(int(marker.read_text()), signal.SIGTERM)
+    wait_in_step(proc, tmp_path / "in_step1", timeout=300)  # rank 1 is inside step 1 and waits for the signal
+    os.kill(int((tmp_path / "pid1").read_text()), signal.SIGTERM)
     stderr = proc.communicate(timeout=300)[1]
     assert proc.returncode != 0  # torchrun reports the ranks' exit status 143 as a failure
     assert trainer_state(out)["step"] == 1

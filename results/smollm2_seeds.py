@@ -25,14 +25,14 @@ def run_row(path):
     config, train, evals = read_run(path)
     first, last = train[:10], train[-10:]
     mean = lambda xs, key: sum(x[key] for x in xs) / len(xs)  # noqa: E731
-    return {"seed": config["seed"], "steps": len(train), "dtype": config["dtype"],
+    return {"seed": config["seed"],
             "eval": {e["step"]: (e["acc_lenient"], e["acc_strict"]) for e in evals},
             "reward_first": mean(first, "reward_mean"), "reward_last": mean(last, "reward_mean"),
             "auc": mean(train, "reward_mean"),
             "entropy_first": mean(first, "entropy"), "entropy_last": mean(last, "entropy"),
             "kl_last": mean(last, "kl"), "all_correct": mean(train, "frac_all_correct"),
             "all_wrong": mean(train, "frac_all_wrong"), "len_first": mean(first, "completion_len"),
-            "len_last": mean(last, "completion_len"), "wall_min": sum(x["step_s"] for x in train) / 60,
+            "len_last": mean(last, "completion_len"), "step_min": sum(x["step_s"] for x in train) / 60,
             "reward": [x["reward_mean"] for x in train], "entropy": [x["entropy"] for x in train]}
 
 
@@ -59,7 +59,7 @@ def table(runs):
             lines.append(f"| {algo} | {r['seed']} | " + " | ".join(cell(r, s) for s in steps)
                          + f" | {r['reward_first']:.3f} → {r['reward_last']:.3f} | {r['auc']:.3f} | {r['entropy_first']:.3f} → "
                          f"{r['entropy_last']:.3f} | {r['kl_last']:.3f} | {r['all_correct']:.3f} / {r['all_wrong']:.3f}"
-                         f" | {r['len_first']:.1f} → {r['len_last']:.1f} | {r['wall_min']:.0f} |")
+                         f" | {r['len_first']:.1f} → {r['len_last']:.1f} | {r['step_min']:.0f} |")
     lines += ["", "Mean over seeds [min, max]:", "",
               "| algo | seeds | " + " | ".join(f"lenient, step {s}" for s in steps) + " | "
               + " | ".join(f"strict, step {s}" for s in steps) + " | train reward, last 10 | AUC | entropy, last 10 |",
