@@ -45,7 +45,6 @@ and format rewards.
 """
 
 import argparse
-import base64
 import contextlib
 import copy
 import hashlib
@@ -59,12 +58,9 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
-import urllib.parse
-import urllib.request
 from decimal import Decimal, InvalidOperation
 
 import torch
@@ -733,41 +729,17 @@ def load_pretrained(name):
 
 
 def hub_reachable(timeout=3.0):
-    """Whether the Hugging Face Hub answers, found out in seconds instead of minutes of retries. Directly: one TCP
-    connect. Behind a proxy (HTTPS_PROXY / https_proxy, unless NO_PROXY names the host), the way the library
-    will go: ask the proxy to CONNECT to the Hub, since a direct connection is often blocked there."""
-    if os.environ.get("HF_HUB_OFFLINE") == "1":
+    """Whether the Hugging Face Hub answers, found out in seconds instead of minutes of retries. Asked through
+    huggingface_hub's own HTTP client, so it takes the road the download will: the same proxy variables
+    (HTTPS_PROXY, ALL_PROXY, NO_PROXY), the same HF_ENDPOINT, the same offline switch."""
+    from huggingface_hub import constants, get_session
+    if constants.HF_HUB_OFFLINE:
         return True  # the user asked for the local cache; let the library read it
-    url = urllib.parse.urlsplit(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
-    host, port = url.hostname, url.port or (443 if url.scheme == "https" else 80)
-    proxy = urllib.request.getproxies().get(url.scheme)  # the same variables requests and httpx read
-    if proxy and not urllib.request.proxy_bypass(host):
-        return proxy_connects(proxy, host, port, timeout)
     try:
-        socket.create_connection((host, port), timeout=timeout).close()
-        return True
-    except OSError:
+        get_session().head(constants.ENDPOINT, timeout=timeout)
+        return True  # any answer will do: a proxy that refuses the tunnel raises instead
+    except Exception:  # the client's errors (httpx2, httpx or requests, by hub version) share no narrower base
         return False
-
-
-def proxy_connects(proxy, host, port, timeout):
-    """Whether an HTTP proxy agrees to open a tunnel to host:port (HTTP CONNECT, answered with 2xx). A proxy we
-    cannot probe this way (socks, or TLS to the proxy itself) is trusted: the library's own request decides."""
-    p = urllib.parse.urlsplit(proxy if "://" in proxy else "http://" + proxy)
-    if p.scheme != "http" or not p.hostname:
-        return True
-    request = f"CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n"
-    if p.username:  # credentials in the proxy URL, as requests would send them
-        login = f"{urllib.parse.unquote(p.username)}:{urllib.parse.unquote(p.password or '')}"
-        request += f"Proxy-Authorization: Basic {base64.b64encode(login.encode()).decode()}\r\n"
-    try:
-        with socket.create_connection((p.hostname, p.port or 80), timeout=timeout) as s:
-            s.settimeout(timeout)
-            s.sendall((request + "\r\n").encode())
-            status_line = s.recv(256).split(b"\r\n", 1)[0].split()
-    except OSError:
-        return False
-    return len(status_line) >= 2 and status_line[1].startswith(b"2")
 
 
 def read_jsonl(path):

@@ -1128,49 +1128,49 @@ def test_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, data_dir, tmp_
     assert [x["n"] for x in comparable_metrics(out) if x["type"] == "eval"] == [10, 10]
 
 
-def fake_proxy(reply):
-    """A local listener that reads one request and answers it with `reply`; returns (port, requests seen)."""
+def http_listener(status):
+    """A listener on 127.0.0.1 that answers one request with `status`; returns (port, the requests it was asked)."""
     import threading
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    seen = []
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)  # a listener nobody calls ends with the test instead of waiting forever
+    asked = []
 
     def serve():
-        conn, _ = server.accept()
-        with conn:
-            seen.append(conn.recv(4096))
-            conn.sendall(reply)
-        server.close()
+        with server, server.accept()[0] as conn:
+            asked.append(conn.recv(65536))  # a HEAD or a CONNECT from this machine comes in one piece
+            conn.sendall(f"HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n".encode())
     threading.Thread(target=serve, daemon=True).start()
-    return server.getsockname()[1], seen
+    return server.getsockname()[1], asked
 
 
-def test_hub_check_goes_through_the_proxy(monkeypatch):
-    """With HTTPS_PROXY set, the Hub check asks the proxy for a tunnel to the Hub (a direct connection is what such
-    networks block): a proxy that agrees means reachable, one that refuses or does not listen means not."""
-    for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy", "NO_PROXY",
-                 "no_proxy", "HF_ENDPOINT", "HF_HUB_OFFLINE"):
-        monkeypatch.delenv(name, raising=False)
-    port, seen = fake_proxy(b"HTTP/1.1 200 Connection established\r\n\r\n")
-    monkeypatch.setenv("HTTPS_PROXY", f"http://user:pa%40ss@127.0.0.1:{port}")
-    assert grpo.hub_reachable(timeout=5) is True
-    request = seen[0].decode()
-    assert request.startswith("CONNECT huggingface.co:443 HTTP/1.1\r\n")
-    assert "Proxy-Authorization: Basic " + __import__("base64").b64encode(b"user:pa@ss").decode() in request
+def test_hub_check_goes_the_way_the_download_goes(monkeypatch):
+    """The Hub check follows the proxy variables: a proxy that forwards means reachable even where nothing answers
+    directly; one that refuses the tunnel, or is not there, means not reachable, found out in seconds."""
+    from huggingface_hub import close_session, constants
+    for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
+        monkeypatch.delenv(name)
 
-    monkeypatch.delenv("HTTPS_PROXY")
-    port, seen = fake_proxy(b"HTTP/1.1 403 Forbidden\r\n\r\n")
-    monkeypatch.setenv("https_proxy", f"127.0.0.1:{port}")  # lower case and no scheme, as many clusters write it
-    assert grpo.hub_reachable(timeout=5) is False and seen
-
-    monkeypatch.setenv("https_proxy", f"http://127.0.0.1:{free_port()}")  # nothing listens there
-    assert grpo.hub_reachable(timeout=5) is False
-
-    port, seen = fake_proxy(b"")  # NO_PROXY names the host: a direct connection, not a CONNECT through the proxy
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{port}")
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
-    assert grpo.hub_reachable(timeout=5) is True
+    def reachable(endpoint, offline=False, **env):
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)  # both are read when huggingface_hub is imported
+        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+        for name, value in env.items():
+            monkeypatch.setenv(name, value)
+        close_session()  # the shared client reads the proxy variables when it is built
+        return grpo.hub_reachable(timeout=5)
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there: only a proxy can make it answer
+    start = time.monotonic()
+    try:
+        port, asked = http_listener("200 OK")
+        assert reachable(nowhere, ALL_PROXY=f"http://user:pa%40ss@127.0.0.1:{port}") is True and asked
+        port, asked = http_listener("403 Forbidden")  # named as clusters often write it: lower case, no scheme
+        assert reachable(nowhere.replace("http:", "https:"), https_proxy=f"127.0.0.1:{port}") is False and asked
+        assert reachable("https://huggingface.co", https_proxy=nowhere) is False
+        port, asked = http_listener("200 OK")  # NO_PROXY names the Hub's host: it is asked directly, past the proxy
+        assert reachable(f"http://127.0.0.1:{port}", ALL_PROXY=nowhere, NO_PROXY="127.0.0.1") is True and asked
+        assert reachable(nowhere, offline=True) is True  # offline: the library reads its cache, nothing is asked
+        assert time.monotonic() - start < 10
+    finally:
+        close_session()  # later users get a client built from the real settings
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
