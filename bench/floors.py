@@ -9,7 +9,7 @@
                   the matmuls in that dtype (grpo's --dtype; autocast for a grpo.py that predates it).
 
 The number to watch is decode step / weight read: how close sampling comes to the memory floor.
-bench_vs_trl.py runs `measure` in a child process; standalone: python bench/floors.py --model tiny
+bench_vs_trl.py runs `measure` in a child process (bench/child.py); standalone: python bench/floors.py --model tiny
 """
 
 import argparse
@@ -19,8 +19,8 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
+from common import PRESETS, ROOT, as_lists, prepare_model, probe_compute_dtype
+
 DTYPES = ("float32", "bfloat16")
 MATMUL = (1024, 576, 1536)  # (m, k, n)
 
@@ -46,26 +46,9 @@ def weight_read_s(model, dtype, reps):
 def matmul_s(dtype, reps):
     import torch
     m, k, n = MATMUL
-    a, b = torch.randn(m, k).to(getattr(torch, dtype)), torch.randn(k, n).to(getattr(torch, dtype))
+    a = torch.randn(m, k).to(getattr(torch, dtype))
+    b = torch.randn(k, n).to(getattr(torch, dtype))
     return repeat_timed(lambda: a @ b, reps)
-
-
-def probe_compute_dtype(model, seen, label="policy", copy_label="ref"):
-    """Record, per call, the output dtype of the model's first weight matrix (q_proj, c_attn, ...) into
-    seen['<label> <phase>'], phase 'decode' (one new token per row) or 'forward' (longer inputs): the dtype the
-    matmuls really ran in. A deepcopy of the model (a reference model) keeps the hook and records as copy_label."""
-    layer = next(m for m in model.modules() if getattr(m, "weight", None) is not None and m.weight.dim() == 2
-                 and "Embedding" not in type(m).__name__)
-
-    def hook(module, inputs, output):
-        x = inputs[0] if inputs else None
-        phase = "decode" if x is not None and x.dim() == 3 and x.shape[1] == 1 else "forward"
-        seen.setdefault(f"{label if module is layer else copy_label} {phase}", set()).add(str(output.dtype)[6:])
-    return layer.register_forward_hook(hook)
-
-
-def as_lists(seen):
-    return {k: sorted(v) for k, v in seen.items()}
 
 
 def decode_step_s(grpo, model, tokenizer, prompts, G, N, dtype, reps):
@@ -76,7 +59,8 @@ def decode_step_s(grpo, model, tokenizer, prompts, G, N, dtype, reps):
     starts = []
     handle = model.register_forward_pre_hook(lambda module, args: starts.append(time.perf_counter()))
     if "dtype" in inspect.signature(grpo.generate).parameters:
-        kwargs, outer = {"dtype": dtype}, contextlib.nullcontext()
+        kwargs = {"dtype": dtype}
+        outer = contextlib.nullcontext()
     else:  # a grpo.py from before --dtype: its generate runs fp32 on CPU unless autocast is already on
         kwargs = {}
         outer = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
@@ -119,12 +103,9 @@ def measure(s):
 
 
 def main():
-    sys.path.insert(0, ROOT)
-    sys.path.insert(0, HERE)
     import tempfile
     import torch
     import grpo
-    from bench_vs_trl import PRESETS, prepare_model
     from report import floors_table
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", default="tiny", choices=sorted(PRESETS))

@@ -23,7 +23,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-B, G, N, T = 2, 8, 64, 0.7
+B = 2  # prompts
+G = 8  # answers per prompt
+N = 64  # new tokens
+T = 0.7  # sampling temperature
 
 
 def load_grpo(path):

@@ -44,7 +44,8 @@ def step_table(results, model):
              "step / TRL same dtype | step / floor same dtype | peak RSS / TRL same dtype |",
              "|---|---|---|---|---|---|---|---|---|"]
     for name, r in results.items():
-        trl, floor = same_dtype(results, "trl", r["dtype"]), same_dtype(results, "floor", r["dtype"])
+        trl = same_dtype(results, "trl", r["dtype"])
+        floor = same_dtype(results, "floor", r["dtype"])
         lines.append(f"| {name} | {r['label']} | {dtypes_seen(r)} | {spread(r['timed_step_s'])} | "
                      f"{r['peak_rss_mib']:.0f} | {ratio(r['median_step_s'], before and before['median_step_s'])} | "
                      f"{ratio(r['median_step_s'], trl and trl['median_step_s'])} | "

@@ -4,25 +4,23 @@ Times generate (fixed length: no EOS ids), the policy log-prob forward + backwar
 the reference forward, clip + fused AdamW, and token_logprobs alone (the vocabulary-sized part).
 With --ab it instead times completion_logprobs with share_prompts=True and False, twice each
 (forward with grad, backward, forward without grad). --dtype is grpo.py's (the matmuls' dtype under autocast).
-Uses the model directory bench_vs_trl.py made.
-Usage: python bench/step_parts.py --model smollm2 --reps 1 [--dtype bfloat16];  python bench/step_parts.py --model smollm2 --ab
+Uses the model directory bench_vs_trl.py uses (bench/common.py's prepare_model makes it if it is missing).
+Usage:
+    python bench/step_parts.py --model smollm2 --reps 1 [--dtype bfloat16]
+    python bench/step_parts.py --model smollm2 --ab
 """
 import argparse
 import copy
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-import torch  # noqa: E402
+import torch
 
-import grpo  # noqa: E402
-from bench_vs_trl import PRESETS, prepare_model  # noqa: E402
+from common import PRESETS, prepare_model  # also puts the repository root, with grpo.py, on sys.path
+import grpo
 
 
 def main():
@@ -78,9 +76,12 @@ def main():
         with torch.no_grad():
             grpo.completion_logprobs(ref, x, attn, N, 1.0, dtype=a.dtype)
 
+    def sample():
+        return grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0, dtype=a.dtype)
+
     opt = torch.optim.AdamW(model.parameters(), lr=1e-9, fused=True)
     logits = torch.randn(B * G, N - 1, model.config.vocab_size, requires_grad=True)
-    res = {"generate": timeit(lambda: grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0, dtype=a.dtype)),
+    res = {"generate": timeit(sample),
            "policy_fwd_bwd": timeit(policy), "ref_fwd": timeit(reference),
            "clip+adamw": timeit(lambda: (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0), opt.step())),
            "token_logprobs_fwd_bwd": timeit(lambda: grpo.token_logprobs(logits, x[:, -N + 1:], 1.0).sum().backward())}
