@@ -54,16 +54,21 @@ def setup(name, task, seed, train_steps=0):
 
 def table(paths):
     """A markdown table from result files of this script."""
-    out = ["| model, task | policy | mean reward | total variance grpo / reinforce (ratio) | norm of mean g, grpo / reinforce "
-           "| relative variance grpo / reinforce (ratio) | mean cosine grpo / reinforce |", "|---|---|---|---|---|---|---|"]
+    out = ["| model, task | policy | mean reward | total variance grpo / reinforce (ratio) "
+           "| norm of mean g, grpo / reinforce | relative variance grpo / reinforce (ratio) "
+           "| mean cosine grpo / reinforce |",
+           "|---|---|---|---|---|---|---|"]
     for path in paths:
         d = json.load(open(path))
-        g, r = d["grpo"], d["reinforce"]
+        g = d["grpo"]
+        r = d["reinforce"]
         policy = f"after {d['train_steps']} GRPO steps" if d.get("train_steps") else "initial"
         out.append(f"| {os.path.basename(d['model'])}, {d['task']} | {policy} | {d['reward_mean']:.3f} "
-                   f"| {g['total_variance']:.3g} / {r['total_variance']:.3g} ({d['variance_ratio_grpo_over_reinforce']:.2f}) "
+                   f"| {g['total_variance']:.3g} / {r['total_variance']:.3g} "
+                   f"({d['variance_ratio_grpo_over_reinforce']:.2f}) "
                    f"| {g['mean_grad_norm']:.3g} / {r['mean_grad_norm']:.3g} "
-                   f"| {g['rel_variance']:.2f} / {r['rel_variance']:.2f} ({d['rel_variance_ratio_grpo_over_reinforce']:.2f}) "
+                   f"| {g['rel_variance']:.2f} / {r['rel_variance']:.2f} "
+                   f"({d['rel_variance_ratio_grpo_over_reinforce']:.2f}) "
                    f"| {g['mean_cosine']:.3f} / {r['mean_cosine']:.3f} |")
     return "\n".join(out)
 
@@ -93,9 +98,11 @@ def main():
     params = [p for p in model.parameters() if p.requires_grad]
     grams = {algo: Gram(a.batches) for algo in ALGOS}
     n_params = sum(w.numel() for w in params)
-    rewards_seen, t0 = [], time.time()
+    rewards_seen = []
+    t0 = time.time()
     for k in range(a.batches):
-        batch = grpo.generate(model, tokenizer, prompts, eos_ids, a.max_new_tokens, repeat=a.G, temperature=a.temperature)
+        batch = grpo.generate(model, tokenizer, prompts, eos_ids, a.max_new_tokens, repeat=a.G,
+                              temperature=a.temperature)
         texts = grpo.decode_completions(tokenizer, batch)
         rewards = torch.tensor([grpo.reward(t, r) for t, r in zip(texts, refs)])
         rewards_seen.append(rewards.mean().item())
@@ -107,7 +114,8 @@ def main():
         # loss (test_micro_batching_equals_full_batch), so the summed gradients are the full-batch gradient.
         for start in range(0, N, a.micro_batch):
             sl = slice(start, start + a.micro_batch)
-            logp = grpo.completion_logprobs(model, batch["input_ids"][sl], batch["attention_mask"][sl], T, a.temperature)
+            logp = grpo.completion_logprobs(model, batch["input_ids"][sl], batch["attention_mask"][sl], T,
+                                            a.temperature)
             for i, algo in enumerate(ALGOS):
                 loss, _ = grpo.grpo_loss(logp, logp.detach(), None, advs[algo][sl], batch["completion_mask"][sl],
                                          beta=0.0, n_seqs=N)
@@ -122,12 +130,13 @@ def main():
             grams[algo].add(flat[algo])
         del flat
         print(f"batch {k + 1}/{a.batches}: reward {rewards_seen[-1]:.3f} ({time.time() - t0:.0f}s)", flush=True)
-    result = {"model": a.model, "task": a.task, "train_steps": a.train_steps, "K": a.batches, "G": a.G, "B": a.batch_prompts, "max_new_tokens": a.max_new_tokens,
-              "temperature": a.temperature, "reward_mean": sum(rewards_seen) / len(rewards_seen),
-              "seconds": round(time.time() - t0, 1)}
+    result = {"model": a.model, "task": a.task, "train_steps": a.train_steps, "K": a.batches, "G": a.G,
+              "B": a.batch_prompts, "max_new_tokens": a.max_new_tokens, "temperature": a.temperature,
+              "reward_mean": sum(rewards_seen) / len(rewards_seen), "seconds": round(time.time() - t0, 1)}
     for algo in ALGOS:
         result[algo] = grams[algo].summary()
-    result["variance_ratio_grpo_over_reinforce"] = result["grpo"]["total_variance"] / result["reinforce"]["total_variance"]
+    result["variance_ratio_grpo_over_reinforce"] = (result["grpo"]["total_variance"]
+                                                    / result["reinforce"]["total_variance"])
     result["rel_variance_ratio_grpo_over_reinforce"] = (result["grpo"]["rel_variance"]
                                                         / result["reinforce"]["rel_variance"])
     print(json.dumps(result, indent=1))
@@ -142,7 +151,8 @@ class Gram:
     later gradient: exact, with one gradient in memory at a time."""
 
     def __init__(self, K):
-        self.dir, self.k = tempfile.mkdtemp(), 0
+        self.dir = tempfile.mkdtemp()
+        self.k = 0  # gradients added so far
         self.gram = torch.zeros(K, K, dtype=torch.float64)
 
     def add(self, g):
@@ -154,7 +164,8 @@ class Gram:
         self.k += 1
 
     def summary(self):
-        gram, K = self.gram[:self.k, :self.k], self.k
+        K = self.k
+        gram = self.gram[:K, :K]
         mean_sq = gram.sum() / K ** 2                     # ||mean_g||^2
         dot_mean = gram.sum(1) / K                        # <g_k, mean_g>
         total_var = (gram.diagonal().mean() - mean_sq).item()

@@ -6,7 +6,8 @@ right panel: eval accuracy (lenient, solid; strict, dashed) where the files hold
 matplotlib is optional for grpo.py and needed only here: pip install matplotlib
 Usage:
   python results/plot.py --run grpo=results/smollm2_arith/grpo.jsonl \
-      --run reinforce=results/smollm2_arith/reinforce.jsonl --png results/smollm2_arith.png --md results/smollm2_arith.md
+      --run reinforce=results/smollm2_arith/reinforce.jsonl \
+      --png results/smollm2_arith.png --md results/smollm2_arith.md
 """
 import argparse
 import json
@@ -69,7 +70,8 @@ def main():
                 ax_a.plot(xs, m, style, marker="o", color=line.get_color(), label=f"{label} {key[4:]}")
                 if len(runs) > 1:
                     ax_a.fill_between(xs, lo_a, hi_a, alpha=0.15, color=line.get_color())
-                row[f"{key}_start"], row[f"{key}_end"] = m[0], m[-1]
+                row[f"{key}_start"] = m[0]
+                row[f"{key}_end"] = m[-1]
         rows.append(row)
     ax_r.set(xlabel="step", ylabel=f"train reward ({a.smooth}-step mean)", title="train reward")
     ax_a.set(xlabel="step", ylabel="accuracy", title="greedy eval accuracy (held-out)")
@@ -88,8 +90,8 @@ def main():
         head += ["eval lenient start → end", "eval strict start → end"]
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["label"], str(r["seeds"]), str(r["steps"]), f"{r['reward_first10']:.3f}", f"{r['reward_last10']:.3f}",
-                 f"{r['frac_zero_std']:.2f}", f"{r['step_s']:.1f}"]
+        cells = [r["label"], str(r["seeds"]), str(r["steps"]), f"{r['reward_first10']:.3f}",
+                 f"{r['reward_last10']:.3f}", f"{r['frac_zero_std']:.2f}", f"{r['step_s']:.1f}"]
         if has_eval:
             cells += [f"{r['acc_lenient_start']:.2f} → {r['acc_lenient_end']:.2f}",
                       f"{r['acc_strict_start']:.2f} → {r['acc_strict_end']:.2f}"]

@@ -97,7 +97,8 @@ def run_one(results, policy, path, algo, lr, seed, steps):
             sys.stderr.flush()
             os._exit(status)
     _, status, usage = os.wait4(pid, 0)
-    wall, cpu = time.time() - t0, usage.ru_utime + usage.ru_stime
+    wall = time.time() - t0
+    cpu = usage.ru_utime + usage.ru_stime
     if os.waitstatus_to_exitcode(status) != 0:
         with open(log) as f:
             tail = f.read()[-2000:]
@@ -163,7 +164,8 @@ def run_numbers(path):
     config, train, evals = read_run(path)
     r = [x["reward_mean"] for x in train]
     last20 = train[-20:]
-    return {"seed": config["seed"], "lr": config["lr"], "steps": len(train), "reward": r, "entropy": [x["entropy"] for x in train],
+    return {"seed": config["seed"], "lr": config["lr"], "steps": len(train), "reward": r,
+            "entropy": [x["entropy"] for x in train],
             "steps_to_0.5": steps_to(r, 0.5), "steps_to_0.8": steps_to(r, 0.8),
             "auc": sum(r) / len(r), "reward_first100": sum(r[:100]) / len(r[:100]),
             "reward_last100": sum(r[-100:]) / len(r[-100:]), "reward_last50": sum(r[-50:]) / len(r[-50:]),
@@ -237,7 +239,8 @@ def table(runs, title):
     lines = [f"**{title}**", "", "| algo | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for algo, rs in runs.items():
         get = lambda k: [r[k] for r in rs]  # noqa: E731
-        cells = ["/".join(sorted({lr_name(r["lr"]) for r in rs})), str(len(rs)), fmt_steps(get("steps_to_0.5")), fmt_steps(get("steps_to_0.8")), fmt_ci(get("auc")),
+        cells = ["/".join(sorted({lr_name(r["lr"]) for r in rs})), str(len(rs)), fmt_steps(get("steps_to_0.5")),
+                 fmt_steps(get("steps_to_0.8")), fmt_ci(get("auc")),
                  f"{fmt_ci(get('reward_last50'))} ({statistics.stdev(get('reward_last50')) if len(rs) > 1 else 0:.3f})",
                  f"{sum(get('acc_start')) / len(rs):.3f} → {fmt_ci(get('acc_final'))}",
                  fmt_ci(get("entropy_end")), fmt_ci(get("kl_end"), 4), fmt_ci(get("all_correct")),
@@ -304,7 +307,8 @@ def plot(groups, png):
 
 def summarize(results, groups, seeds, md, png, header=""):
     """groups: [(title, settings)] with settings as in load_group. Writes the tables to md and the curves to png."""
-    lines, loaded = ([header, ""] if header else []), []
+    lines = [header, ""] if header else []
+    loaded = []
     for title, settings in groups:
         runs = load_group(results, settings, seeds)
         if not runs:
@@ -344,8 +348,10 @@ def best_lrs(results, policy, lrs, seeds):
 
 def pipeline(a):
     results = a.results
-    tiny30, tiny05 = ("tiny30", POLICIES["tiny30"]), ("tiny05", POLICIES["tiny05"])
-    sweep_seeds, all_seeds = parse_seeds(a.sweep_seeds), parse_seeds(a.seeds)
+    tiny30 = ("tiny30", POLICIES["tiny30"])
+    tiny05 = ("tiny05", POLICIES["tiny05"])
+    sweep_seeds = parse_seeds(a.sweep_seeds)
+    all_seeds = parse_seeds(a.seeds)
     print(f"phase 1: lr sweep on tiny30, lrs {a.lrs}, seeds {a.sweep_seeds}", flush=True)
     run_grid(results, [tiny30], a.lrs, sweep_seeds, list(ALGOS), a.steps)
     best, common, auc = best_lrs(results, "tiny30", a.lrs, sweep_seeds)

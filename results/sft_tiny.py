@@ -77,7 +77,8 @@ def build_model(vocab_size, seed, n_layer=3, n_embd=128, n_head=4, n_positions=1
 
 def held_out(n_seeds):
     """The test questions of grpo.py --dataset arith --seed 0..n_seeds-1 (its load_data), in order, deduplicated."""
-    rows, seen = [], set()
+    rows = []
+    seen = set()
     for s in range(n_seeds):
         for r in grpo.load_data("arith", s)[1]:
             if r["question"] not in seen:
@@ -137,7 +138,8 @@ def main():
     p.add_argument("--out", default=os.path.join(HERE, "tiny_policy"))
     a = p.parse_args()
     torch.set_num_threads(1)
-    t0, cpu0 = time.time(), time.process_time()
+    t0 = time.time()
+    cpu0 = time.process_time()
 
     tokenizer = build_tokenizer()
     model = build_model(len(tokenizer), a.seed)
@@ -186,15 +188,17 @@ def main():
                                           f"(test sets of grpo.py --dataset arith --seed 0..{a.eval_seeds - 1})"}
     for target, name in zip(a.targets, a.names):
         best = min(log, key=lambda r: (abs(r["sampled_lenient"] - target), r["step"]))
-        src, dst = os.path.join(a.work, f"step{best['step']:05d}"), os.path.join(a.out, name)
+        src = os.path.join(a.work, f"step{best['step']:05d}")
+        dst = os.path.join(a.out, name)
         shutil.rmtree(dst, ignore_errors=True)
         shutil.copytree(src, dst)
         # the pick's own estimate is biased toward the target (it was chosen for being close): measure it again,
         # with fresh samples, 4 per question
         fresh = accuracy(dst, evalset * 4, seed=999, temperature=1.0)
-        selection[name] = {**best, "target": target, "fresh_sampled_lenient": fresh[0], "fresh_sampled_strict": fresh[1],
-                           "fresh_n": 4 * len(evalset), "sha256": sha256_of(dst)}
-    selection["wall_s"], selection["cpu_s"] = round(time.time() - t0, 1), round(time.process_time() - cpu0, 1)
+        selection[name] = {**best, "target": target, "fresh_sampled_lenient": fresh[0],
+                           "fresh_sampled_strict": fresh[1], "fresh_n": 4 * len(evalset), "sha256": sha256_of(dst)}
+    selection["wall_s"] = round(time.time() - t0, 1)
+    selection["cpu_s"] = round(time.process_time() - cpu0, 1)
     with open(os.path.join(a.out, "sft_log.jsonl"), "w") as f:
         f.writelines(json.dumps(r) + "\n" for r in log)
     with open(os.path.join(a.out, "selection.json"), "w") as f:

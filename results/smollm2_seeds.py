@@ -23,7 +23,8 @@ ALGOS = ("grpo", "reinforce")
 def run_row(path):
     """The numbers of one run. First and last 10 steps for the train curves; evals by step."""
     config, train, evals = read_run(path)
-    first, last = train[:10], train[-10:]
+    first = train[:10]
+    last = train[-10:]
     mean = lambda xs, key: sum(x[key] for x in xs) / len(xs)  # noqa: E731
     return {"seed": config["seed"],
             "eval": {e["step"]: (e["acc_lenient"], e["acc_strict"]) for e in evals},
@@ -50,15 +51,17 @@ def load(folder):
 def table(runs):
     steps = sorted({s for rs in runs.values() for r in rs for s in r["eval"]})
     head = ("| algo | seed | " + " | ".join(f"eval lenient (strict), step {s}" for s in steps)
-            + " | train reward, first 10 → last 10 steps | mean train reward (AUC) | entropy, first 10 → last 10 | KL, last 10 "
-            "| all-correct / all-wrong groups | answer tokens, first 10 → last 10 | step time, sum, min |")
+            + " | train reward, first 10 → last 10 steps | mean train reward (AUC) | entropy, first 10 → last 10 "
+            "| KL, last 10 | all-correct / all-wrong groups | answer tokens, first 10 → last 10 "
+            "| step time, sum, min |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     cell = lambda r, s: "-" if s not in r["eval"] else "%.3f (%.3f)" % r["eval"][s]  # noqa: E731
     for algo, rs in runs.items():
         for r in rs:
             lines.append(f"| {algo} | {r['seed']} | " + " | ".join(cell(r, s) for s in steps)
-                         + f" | {r['reward_first']:.3f} → {r['reward_last']:.3f} | {r['auc']:.3f} | {r['entropy_first']:.3f} → "
-                         f"{r['entropy_last']:.3f} | {r['kl_last']:.3f} | {r['all_correct']:.3f} / {r['all_wrong']:.3f}"
+                         + f" | {r['reward_first']:.3f} → {r['reward_last']:.3f} | {r['auc']:.3f} "
+                         f"| {r['entropy_first']:.3f} → {r['entropy_last']:.3f} | {r['kl_last']:.3f} "
+                         f"| {r['all_correct']:.3f} / {r['all_wrong']:.3f}"
                          f" | {r['len_first']:.1f} → {r['len_last']:.1f} | {r['step_min']:.0f} |")
     lines += ["", "Mean over seeds [min, max]:", "",
               "| algo | seeds | " + " | ".join(f"lenient, step {s}" for s in steps) + " | "
@@ -73,7 +76,8 @@ def table(runs):
         lines.append(f"| {algo} | {len(rs)} | " + " | ".join(evals) + f" | {span([r['reward_last'] for r in rs])}"
                      f" | {span([r['auc'] for r in rs])} | {span([r['entropy_last'] for r in rs])} |")
     lines += ["", "Paired by seed (same questions, same starting policy), reinforce minus grpo:", "",
-              "| seed | Δ lenient, last eval | Δ AUC | Δ train reward, last 10 | Δ entropy, last 10 |", "|---|---|---|---|---|"]
+              "| seed | Δ lenient, last eval | Δ AUC | Δ train reward, last 10 | Δ entropy, last 10 |",
+              "|---|---|---|---|---|"]
     grpo = {r["seed"]: r for r in runs["grpo"]}
     for r in runs["reinforce"]:
         g = grpo.get(r["seed"])

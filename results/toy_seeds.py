@@ -64,7 +64,8 @@ def main():
         for seed in a.seeds:
             path = os.path.join(a.out, f"{algo}_seed{seed}.jsonl")
             rewards = [x["reward_mean"] for x in map(json.loads, open(path)) if x["type"] == "train"]
-            curves.append([sum(rewards[max(0, i - 4):i + 1]) / len(rewards[max(0, i - 4):i + 1]) for i in range(len(rewards))])
+            windows = [rewards[max(0, i - 4):i + 1] for i in range(len(rewards))]  # 5 steps, fewer at the start
+            curves.append([sum(w) / len(w) for w in windows])
             summary[algo].append({"seed": seed, "final_reward": sum(rewards[-10:]) / 10,
                                   **{f"steps_to_{t}": steps_to(rewards, t) for t in a.thresholds}})
         # seed-to-seed spread of the learning curve: std over seeds of the 5-step mean reward, averaged over steps
