@@ -45,6 +45,7 @@ and format rewards.
 """
 
 import argparse
+import collections
 import contextlib
 import copy
 import hashlib
@@ -125,6 +126,13 @@ def build_parser():
     p.add_argument("--eval-every", type=whole, default=10, help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
     p.add_argument("--eval-n", type=count, default=200,
                    help="held-out test questions per evaluation (greedy decoding); all of them if the test set is smaller")
+    p.add_argument("--eval-samples", type=whole, default=0,
+                   help="K: also sample K answers per eval question and log pass@k (k = 1, 2, 4, .., K) and maj@K")
+    p.add_argument("--eval-temperature", type=number(float, 0, strict=True), default=None,
+                   help="temperature of the --eval-samples answers; unset: --temperature")
+    p.add_argument("--log-rollouts", type=whole, default=0, metavar="N",
+                   help="every N steps (and at step 1) append every question's G answers, rewards and advantages "
+                        "to OUT/rollouts.jsonl; 0 = never")
     p.add_argument("--save-every", type=whole, default=0,
                    help="also write OUT/checkpoint every N steps; 0 = only at the end and when stopped early")
     p.add_argument("--out", default="runs/grpo", help="output folder: metrics.jsonl, checkpoint/ and the final model")
@@ -146,6 +154,8 @@ def get_args(argv=None):
         args = resumed_args(p, argv, args.resume)
     if args.loss_agg is None:  # Dr. GRPO's point is to remove both normalizations; the paper's default is seq
         args.loss_agg = "const" if args.algo == "drgrpo" else "seq"
+    if args.eval_temperature is None:
+        args.eval_temperature = args.temperature
     return args
 
 
@@ -261,14 +271,18 @@ def completion_mask(completion_ids, eos_ids):
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, temperature=None, dtype="float32"):
+def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, temperature=None, dtype="float32",
+             generator=None):
     """Left-padded batched sampling with a KV cache; temperature=None is greedy decoding; matmuls in `dtype`.
 
     Each prompt goes through the model once and its `repeat` answers share its keys and values, so
     a group of G answers costs one prompt pass, not G. Tokens are drawn from softmax(logits / T) over
     the whole vocabulary (no top-k, top-p or repetition penalty): exactly the distribution whose
-    log-probs the loss uses. Returns input_ids (prompt + completion), attention_mask, completion_ids,
-    completion_mask and truncated (no EOS within max_new_tokens), one row per prompt repeated `repeat` times.
+    log-probs the loss uses. A row that has written its EOS leaves the batch and the cache, so decoding
+    costs the tokens actually generated. Returns input_ids (prompt + completion), attention_mask,
+    completion_ids (padded after the EOS), completion_mask, truncated (no EOS within max_new_tokens) and
+    sampler_logp (each token's log-prob under the distribution it was drawn from), one row per prompt
+    repeated `repeat` times.
     """
     enc = tokenizer(prompts, return_tensors="pt", padding=True,
                     add_special_tokens=not tokenizer.chat_template)  # the template already holds any BOS
@@ -280,33 +294,39 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
                           f"the model's {limit} positions; lower --max-new-tokens")
     rows = torch.arange(len(prompts), device=device).repeat_interleave(repeat)  # row i*G+j is answer j to question i
     eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    completion_ids = torch.full((len(rows), max_new_tokens), tokenizer.pad_token_id, device=device)
+    sampler_logp = torch.zeros(len(rows), max_new_tokens, device=device)
     with autocast(device, dtype):
         logits, cache = prompt_pass(model, prompt_ids, prompt_mask, rows)
-        cache = {cache_arg(model): cache}
         mask, position = prompt_mask[rows], positions(prompt_mask)[rows, -1:]
-        done = torch.zeros(len(rows), dtype=torch.bool, device=device)
-        tokens = []
-        while True:
-            next_ids = sample(logits, temperature).masked_fill(done, tokenizer.pad_token_id)  # pad after the EOS
-            tokens.append(next_ids)
-            done |= torch.isin(next_ids, eos)
-            if len(tokens) == max_new_tokens or done.all():
+        active = torch.arange(len(rows), device=device)  # the rows still being decoded
+        for t in range(max_new_tokens):
+            next_ids = sample(logits, temperature, generator)
+            completion_ids[active, t] = next_ids
+            sampler_logp[active, t] = token_logprobs(logits, next_ids, temperature or 1.0)
+            going = ~torch.isin(next_ids, eos)
+            if t + 1 == max_new_tokens or not going.any():
                 break
+            if not going.all():  # finished rows leave the batch, their keys and values with them
+                active, next_ids, mask, position = active[going], next_ids[going], mask[going], position[going]
+                cache.batch_select_indices(going.nonzero().squeeze(1))
             mask, position = torch.cat([mask, torch.ones_like(mask[:, :1])], 1), position + 1
             logits = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position,
-                           use_cache=True, **cache).logits[:, -1]
-    completion_ids = torch.stack(tokens, 1)
+                           use_cache=True, **{cache_arg(model): cache}).logits[:, -1]
+    completion_ids, sampler_logp = completion_ids[:, :t + 1], sampler_logp[:, :t + 1]
     completion = completion_mask(completion_ids, eos_ids)
     return {"input_ids": torch.cat([prompt_ids[rows], completion_ids], 1),
             "attention_mask": torch.cat([prompt_mask[rows], completion], 1),
-            "completion_ids": completion_ids, "completion_mask": completion, "truncated": ~done}
+            "completion_ids": completion_ids, "completion_mask": completion,
+            "truncated": ~torch.isin(completion_ids, eos).any(1), "sampler_logp": sampler_logp * completion}
 
 
-def sample(logits, temperature):
+def sample(logits, temperature, generator=None):
     """One token per row from softmax(logits / temperature), or the most likely one if temperature is None."""
     if not temperature:
         return logits.argmax(-1)
-    return torch.multinomial(torch.softmax(logits.float() / temperature, -1), 1).squeeze(1)
+    probs = torch.softmax(logits.float() / temperature, -1)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
 
 
 def positions(attention_mask):
@@ -424,7 +444,8 @@ def k3_kl(logp, ref_logp):
 
 
 def per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta, kl_ratio_correction=False):
-    """All (N, T) but adv (N,). Returns the per-token loss and the masks for diagnostics.
+    """All (N, T) but adv (N,). Returns the per-token policy-gradient term and beta-weighted KL term (the loss is
+    their sum), the k3 KL and the clipped tokens' mask.
 
     The KL term: with tokens sampled from pi_old = pi_theta, E[grad k3] = grad KL(pi_ref || pi_theta), the
     paper's term as written. Multiplying k3 by the ratio (value 1, gradient grad log pi_theta, at mu = 1) adds
@@ -437,7 +458,7 @@ def per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta, kl_ratio_corre
     kl = k3_kl(logp, ref_logp) if ref_logp is not None else torch.zeros_like(logp)
     kl_term = kl * ratio if kl_ratio_correction else kl
     clipped = ((ratio > 1 + clip_eps) & (adv > 0)) | ((ratio < 1 - clip_eps) & (adv < 0))  # zero-gradient tokens
-    return -(surrogate - beta * kl_term), kl, clipped
+    return -surrogate, beta * kl_term, kl, clipped
 
 
 def aggregate(loss_t, mask, loss_agg, n_seqs, n_tokens, max_new_tokens):
@@ -459,10 +480,15 @@ def grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps=0.2, beta=0.04, loss
               n_seqs=None, n_tokens=None, max_new_tokens=None, kl_ratio_correction=False):
     """The GRPO objective (negated, to minimize) for one (micro-)batch, plus diagnostics."""
     mask = mask.to(logp.dtype)
-    loss_t, kl, clipped = per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta, kl_ratio_correction)
-    loss = aggregate(loss_t, mask, loss_agg, n_seqs or mask.shape[0], n_tokens or mask.sum(),
-                     max_new_tokens or mask.shape[1])
-    stats = {"kl": masked_mean(kl, mask).item(), "clip_frac": masked_mean(clipped.float(), mask).item()}
+    pg_t, kl_t, kl, clipped = per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta, kl_ratio_correction)
+
+    def agg(x):
+        return aggregate(x, mask, loss_agg, n_seqs or mask.shape[0], n_tokens or mask.sum(),
+                         max_new_tokens or mask.shape[1])
+    loss = agg(pg_t + kl_t)
+    # pg_loss is ~0 at mu = 1 (the ratio is 1 and the advantages of a group sum to ~0), but its gradient is not
+    stats = {"pg_loss": agg(pg_t.detach()).item(), "kl_loss": agg(kl_t.detach()).item(),
+             "kl": masked_mean(kl, mask).item(), "clip_frac": masked_mean(clipped.float(), mask).item()}
     return loss, stats
 
 
@@ -481,7 +507,7 @@ def accumulate_gradients(model, ref_model, batch, adv, args, cache):
     # one-process loss. token must divide by all T tokens of the batch; dividing by their mean per rank, T/W,
     # gives (1/W) sum_r S_r / (T/W) = sum S_r / T. In one process, n_tokens is this batch's own count.
     n_tokens = all_reduce(mask.sum()) / rank_and_world()[1]
-    totals = {"loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
+    totals = {"loss": 0.0, "pg_loss": 0.0, "kl_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
     for k, start in enumerate(range(0, N, size)):
         sl = slice(start, start + size)
         with gradient_sync(model, sync=start + size >= N):  # the last micro-batch all-reduces
@@ -502,9 +528,9 @@ def accumulate_gradients(model, ref_model, batch, adv, args, cache):
                                     args.loss_agg, N, n_tokens, args.max_new_tokens, args.kl_ratio_correction)
             loss.backward()
         share = mask[sl].sum().item() / n_tokens.clamp(min=1).item()  # token-weighted diagnostics
-        totals["loss"] += loss.item()  # the shares add up to the full-batch loss
-        for key, value in {**stats, "entropy": entropy.item()}.items():
-            totals[key] += value * share
+        for key, value in {"loss": loss.item(), **stats, "entropy": entropy.item()}.items():
+            # the loss and its parts are shares that add up to the full batch's; the rest are token-weighted means
+            totals[key] += value if key in ("loss", "pg_loss", "kl_loss") else value * share
     # with the denominators above each rank's totals are its share of the batch's: their mean is the batch's
     return mean_over_ranks(totals)
 
@@ -529,33 +555,87 @@ def train_step(model, ref_model, optimizer, batch, adv, args):
             break
         optimizer.step()
     model.eval()
-    return {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, "update_skipped": skipped}
+    old_logp = torch.cat([cache[k][0] for k in range(len(cache))])
+    return {**{k: sum(h[k] for h in history) / len(history) for k in history[0]}, "update_skipped": skipped,
+            **sampler_logp_gap(batch["sampler_logp"], old_logp, batch["completion_mask"])}
 
 
-# Evaluation: greedy, batched, on held-out test questions only. ------------------------------------
+def sampler_logp_gap(sampler_logp, old_logp, mask):
+    """Mean and max over completion tokens (of all ranks) of |sampler's log-prob - old_logp|: how far the policy
+    that sampled (incremental decoding) is from the pi_old the loss uses (a full forward pass). ~0 in fp32."""
+    gap = (sampler_logp - old_logp).abs() * mask
+    per_row = gather_rows(torch.stack([gap.sum(1), mask.sum(1).float(), gap.max(1).values], 1))
+    return {"sampler_logp_gap": (per_row[:, 0].sum() / per_row[:, 1].sum().clamp(min=1)).item(),
+            "sampler_logp_gap_max": per_row[:, 2].max().item()}
+
+
+# Evaluation on held-out test questions only: greedy accuracy, and pass@k and maj@K of K sampled answers. -----
 
 def evaluate(model, tokenizer, rows, eos_ids, args, n_samples=3):
-    """Greedy accuracy on the first --eval-n test questions. Under torchrun each rank answers its share of them
-    and the counts are summed; the samples are the first n_samples questions' answers, as in one process."""
+    """Accuracy of the greedy answer to each of the first --eval-n test questions, and with --eval-samples K, pass@k
+    and maj@K of K answers per question sampled at --eval-temperature from a generator of its own, so the training
+    run draws the same random numbers with or without it. Under torchrun each rank answers its share of the
+    questions and the results are gathered in question order; `samples` are the first n_samples greedy answers."""
     model.eval()
     rows = rows[:args.eval_n]
-    strict = lenient = 0
-    samples = []
-    batch_size = args.batch_prompts * args.G // rank_and_world()[1]  # a rank's rollout batch: fits if sampling does
     mine = rank_share(rows)
-    for start in range(0, len(mine), batch_size):
-        chunk = mine[start:start + batch_size]
-        out = generate(model, tokenizer, [build_prompt(tokenizer, r["question"]) for r in chunk], eos_ids,
-                       args.max_new_tokens, dtype=args.dtype)
-        texts = decode_completions(tokenizer, out)
-        for row, text in zip(chunk, texts):
-            strict += reward(text, row["ref"], strict=True)
-            lenient += reward(text, row["ref"], strict=False)
-            if len(samples) < n_samples:
-                samples.append({"question": row["question"], "completion": text, "ref": row["ref"]})
-    strict, lenient = all_reduce(torch.tensor([strict, lenient], dtype=torch.float64)).tolist()
+    greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, 1, None)]
+    results = [{"strict": reward(text, row["ref"], strict=True), "lenient": reward(text, row["ref"])}
+               for text, row in zip(greedy, mine)]
+    if args.eval_samples:
+        generator = torch.Generator(next(model.parameters()).device).manual_seed(args.seed + 1000 * rank_and_world()[0])
+        sampled = answer(model, tokenizer, mine, eos_ids, args, args.eval_samples, args.eval_temperature, generator)
+        for result, texts, row in zip(results, sampled, mine):
+            for strict, suffix in ((False, ""), (True, "_strict")):
+                answers = [extract_answer(text, strict) for text in texts]
+                result["correct" + suffix] = sum(answers_equal(a, row["ref"]) for a in answers)
+                result["maj" + suffix] = majority_correct(answers, row["ref"])
+    results = [r for rank_results in gather_objects(results) for r in rank_results]
+    samples = [{"question": row["question"], "completion": text, "ref": row["ref"]}
+               for row, text in zip(mine[:n_samples], greedy)]
     samples = [x for rank_samples in gather_objects(samples) for x in rank_samples][:n_samples]
-    return {"acc_strict": strict / len(rows), "acc_lenient": lenient / len(rows), "n": len(rows), "samples": samples}
+    metrics = {"acc_strict": sum(r["strict"] for r in results) / len(rows),
+               "acc_lenient": sum(r["lenient"] for r in results) / len(rows), "n": len(rows)}
+    if args.eval_samples:
+        K = args.eval_samples
+        for suffix in ("", "_strict"):
+            correct = [r["correct" + suffix] for r in results]
+            for k in sorted({2 ** i for i in range(K.bit_length()) if 2 ** i <= K} | {K}):
+                metrics[f"pass@{k}{suffix}"] = sum(pass_at_k(K, c, k) for c in correct) / len(rows)
+            metrics[f"maj@{K}{suffix}"] = sum(r["maj" + suffix] for r in results) / len(rows)
+            metrics["correct" + suffix] = correct  # per question: any pass@k, or a bootstrap CI, can be recomputed
+    return {**metrics, "samples": samples}
+
+
+def answer(model, tokenizer, rows, eos_ids, args, k, temperature, generator=None):
+    """k answers (texts) to each row's question, in batches of at most a rank's rollout batch of sequences."""
+    batch_size = max(1, args.batch_prompts * args.G // rank_and_world()[1] // k)  # questions: fits if sampling does
+    answers = []
+    for start in range(0, len(rows), batch_size):
+        prompts = [build_prompt(tokenizer, r["question"]) for r in rows[start:start + batch_size]]
+        out = generate(model, tokenizer, prompts, eos_ids, args.max_new_tokens, repeat=k, temperature=temperature,
+                       dtype=args.dtype, generator=generator)
+        texts = decode_completions(tokenizer, out)
+        answers += [texts[i:i + k] for i in range(0, len(texts), k)]
+    return answers
+
+
+def pass_at_k(n, c, k):
+    """Unbiased estimate of the chance that at least one of k answers is right, from n answers of which c are right:
+    1 - C(n-c, k) / C(n, k) (Chen et al. 2021, "Evaluating Large Language Models Trained on Code"). Exact integers."""
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def majority_correct(answers, ref):
+    """maj@K of one question: whether the most frequent extracted answer equals ref, numbers compared by value
+    ('18' and '18.0' are one answer). None (nothing extracted) does not vote; no votes is wrong. A tie between m
+    answers scores 1/m if ref is among them: the expected score of breaking the tie uniformly at random."""
+    votes = collections.Counter(Decimal(a) for a in answers if a is not None)
+    if not votes:
+        return 0.0
+    top = max(votes.values())
+    tied = [a for a, n in votes.items() if n == top]
+    return (Decimal(ref) in tied) / len(tied)
 
 
 # The main loop: draw B questions -> sample G answers each -> rewards -> group advantages -> mu updates. ----
@@ -598,11 +678,13 @@ def train(args):
                              temperature=args.temperature, dtype=args.dtype)
             gen_s = time.time() - t0
             # 2. reward each answer: 1 if its final number is the reference, else 0
+            texts = decode_completions(tokenizer, batch)
             refs = [q["ref"] for q in questions for _ in range(args.G)]
-            rewards = torch.tensor([reward(text, ref, args.strict_reward)
-                                    for text, ref in zip(decode_completions(tokenizer, batch), refs)], device=device)
+            rewards = torch.tensor([reward(text, ref, args.strict_reward) for text, ref in zip(texts, refs)],
+                                   device=device)
             # 3. advantages relative to the group: the group's mean (and std) is the baseline
             adv = group_advantages(rewards, args.G, args.algo)
+            run.log_rollouts(questions, texts, rewards, adv, batch["truncated"])
             # 4. mu policy updates on this batch of rollouts
             stats = train_step(policy, ref_model, optimizer, batch, adv, args)
 
@@ -622,11 +704,14 @@ def step_metrics(rewards, batch, stats, G, t0, gen_s):
         [rewards, batch["completion_mask"].sum(1).float(), batch["truncated"].float()], 1)).unbind(1)
     groups = rewards.view(-1, G)
     n_gen = lengths.sum().item()
+    right = rewards > 0
     return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
             "frac_zero_std": (groups.max(1).values == groups.min(1).values).float().mean().item(),
             "frac_all_correct": (groups.min(1).values == 1).float().mean().item(),
             "frac_all_wrong": (groups.max(1).values == 0).float().mean().item(),
-            "completion_len": n_gen / len(rewards), "trunc_rate": truncated.mean().item(), **stats,
+            "completion_len": n_gen / len(rewards), "trunc_rate": truncated.mean().item(),
+            "len_correct": lengths[right].mean().item() if right.any() else None,
+            "len_wrong": lengths[~right].mean().item() if not right.all() else None, **stats,
             "step_s": time.time() - t0, "gen_s": gen_s, "gen_tok_per_s": n_gen / max(gen_s, 1e-9)}
 
 
@@ -814,7 +899,7 @@ class Run:
         # `nonfinite` counts skipped updates in a row
         self.state = {"step": 0, "order": [], "pos": 0, "last_acc": None, "nonfinite": 0,
                       "n_train": data_sizes["n_train"]}
-        self.saved_rng, self.saved_at, self.log, self.wandb = None, None, None, None
+        self.saved_rng, self.saved_at, self.log, self.rollouts, self.wandb = None, None, None, None, None
         if args.resume:
             self.state, self.saved_rng = load_checkpoint(find_checkpoint(args.out), model, optimizer)
             if self.state["n_train"] != data_sizes["n_train"]:
@@ -824,8 +909,11 @@ class Run:
         if self.rank == 0:  # rank 0 writes OUT (metrics, checkpoints, the model); the other ranks only compute
             config = {"type": "config", **{k: v for k, v in vars(args).items() if k != "resume"}, **data_sizes,
                       "world_size": self.world_size}
+            keep_until = self.state["step"] if args.resume else None
             try:
-                self.log = open_metrics(args.out, config, keep_until=self.state["step"] if args.resume else None)
+                self.log = open_metrics(args.out, config, keep_until)
+                if args.log_rollouts:
+                    self.rollouts = open_log(os.path.join(args.out, "rollouts.jsonl"), [], keep_until)
             except OSError as e:
                 raise ConfigError(f"cannot write to --out {args.out} ({e.strerror}); pick another --out") from None
             if args.wandb:
@@ -848,8 +936,9 @@ class Run:
     def __exit__(self, *exc):
         self.restore_handlers()
         self.bar.close()
-        if self.log is not None:
-            self.log.close()
+        for f in (self.log, self.rollouts):
+            if f is not None:
+                f.close()
         if self.wandb is not None:
             self.wandb.finish(exit_code=0 if exc[0] is None else 1)
 
@@ -886,11 +975,27 @@ class Run:
             self.say(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update skipped "
                      f"({self.state['nonfinite']} in a row, the run stops at --max-nonfinite {self.args.max_nonfinite})")
 
+    def log_rollouts(self, questions, texts, rewards, adv, truncated):
+        """Every --log-rollouts steps and at step 1: each question of the step (all ranks') with its G answers."""
+        step, G = self.step + 1, self.args.G
+        if not self.args.log_rollouts or (step > 1 and step % self.args.log_rollouts):
+            return
+        groups = [{"question": q["question"], "ref": q["ref"],
+                   "answers": [{"text": texts[j], "reward": rewards[j].item(), "adv": adv[j].item(),
+                                "truncated": bool(truncated[j])} for j in range(i * G, (i + 1) * G)]}
+                  for i, q in enumerate(questions)]
+        groups = [g for rank_groups in gather_objects(groups) for g in rank_groups]
+        if self.rollouts is not None:
+            self.rollouts.write(json.dumps({"step": step, "groups": groups}) + "\n")
+            self.rollouts.flush()
+
     def log_eval(self, result):
         self.state["last_acc"] = result["acc_lenient"]
         self.write({"type": "eval", "step": self.step, **result})
-        self.say(f"eval step {self.step}: acc strict {result['acc_strict']:.3f} lenient {result['acc_lenient']:.3f} "
-                 f"(n={result['n']})")
+        K = self.args.eval_samples
+        sampled = f", pass@{K} {result[f'pass@{K}']:.3f} maj@{K} {result[f'maj@{K}']:.3f}" if K else ""
+        self.say(f"eval step {self.step}: acc strict {result['acc_strict']:.3f} lenient {result['acc_lenient']:.3f}"
+                 f"{sampled} (n={result['n']})")
 
     def checkpoint(self):
         rng = gather_objects(rng_states(self.data_rng))  # every rank's, so each one resumes its own sampling stream
@@ -926,12 +1031,20 @@ class Run:
 
 
 def open_metrics(out, config, keep_until=None):
-    """OUT/metrics.jsonl, opened for appending, starting with the config line. On resume (keep_until = the
-    checkpoint's step) the lines up to that step are kept and later ones dropped: they belong to steps the
-    resumed run does again, so the finished file reads as if the run had never stopped."""
-    path = os.path.join(out, "metrics.jsonl")
+    """OUT/metrics.jsonl, opened for appending, starting with the config line (see open_log for resume)."""
+    if keep_until is None:
+        for name in CHECKPOINT_DIRS:  # --overwrite: a checkpoint of the old run must never be resumed with this one
+            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    os.makedirs(out, exist_ok=True)
+    return open_log(os.path.join(out, "metrics.jsonl"), [config], keep_until)
+
+
+def open_log(path, header, keep_until=None):
+    """A JSON-lines file opened for appending, starting with the `header` records. On resume (keep_until = the
+    checkpoint's step) the records of steps up to it are kept and later ones dropped: they belong to steps the
+    resumed run does again, so the finished file reads as if the run had never stopped. Otherwise it starts empty."""
     kept = []
-    if keep_until is not None:
+    if keep_until is not None and os.path.exists(path):
         with open(path, encoding="utf-8") as f:
             for line in f:
                 try:
@@ -940,12 +1053,8 @@ def open_metrics(out, config, keep_until=None):
                     continue  # the last line of a killed run can be cut short
                 if record.get("type") != "config" and record.get("step", 0) <= keep_until:
                     kept.append(line.rstrip("\n") + "\n")
-    else:
-        for name in CHECKPOINT_DIRS:  # --overwrite: a checkpoint of the old run must never be resumed with this one
-            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
-    os.makedirs(out, exist_ok=True)
     with open(path + ".tmp", "w", encoding="utf-8") as f:
-        f.write(json.dumps(config) + "\n")
+        f.writelines(json.dumps(record) + "\n" for record in header)
         f.writelines(kept)
     os.replace(path + ".tmp", path)
     return open(path, "a", encoding="utf-8")

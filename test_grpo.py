@@ -2,6 +2,7 @@
 tokenizer made here; data files are written by the tests. Run: python -m pytest -q test_grpo.py"""
 
 import copy
+import itertools
 import json
 import math
 import os
@@ -296,25 +297,85 @@ def test_generate_masks_and_truncation(tiny):
             assert n == 12
 
 
-@pytest.mark.parametrize("temperature", [None, 0.8])
-def test_generate_matches_transformers_generate(tiny_arch, temperature):
-    """Same seed, same tokens as model.generate: the shared prompt pass, the cache, positions, padding after EOS and
-    the sampled distribution (softmax(logits / T), nothing else) all agree with transformers' implementation."""
+def test_generate_matches_transformers_generate(tiny_arch):
+    """Greedy, the same tokens as model.generate: the shared prompt pass, the cache, positions, padding after EOS
+    and finished rows leaving the batch all agree with transformers' implementation. (Sampled tokens cannot be
+    compared: once rows leave the batch, the random numbers fall on other rows; the tests below check sampling.)"""
     model, tokenizer, eos_ids = tiny_arch
     prompts = ["question: 1 + 1?\nanswer:", "q?", "question: what is 3 * 4?\nanswer:"]
-    torch.manual_seed(0)
-    out = grpo.generate(model, tokenizer, prompts, eos_ids, max_new_tokens=40, repeat=2, temperature=temperature)
+    out = grpo.generate(model, tokenizer, prompts, eos_ids, max_new_tokens=40, repeat=2)
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
-    sampling = dict(do_sample=True, temperature=temperature, top_k=0, top_p=1.0) if temperature else dict(do_sample=False)
-    torch.manual_seed(0)
     with torch.no_grad():
         expected = model.generate(input_ids=enc.input_ids.repeat_interleave(2, 0), max_new_tokens=40,
-                                  attention_mask=enc.attention_mask.repeat_interleave(2, 0), **sampling)
+                                  attention_mask=enc.attention_mask.repeat_interleave(2, 0), do_sample=False)
     assert torch.equal(out["input_ids"], expected)
     ended = torch.isin(expected[:, enc.input_ids.shape[1]:], torch.tensor(eos_ids)).any(1)
     assert torch.equal(out["truncated"], ~ended)
-    if temperature and model.config.model_type == "gpt2":  # measured, seed 0: five answers stop at an EOS, one does not
-        assert out["truncated"].any() and not out["truncated"].all()
+
+
+def sampled_rows(tiny, seed=4, max_new_tokens=30):
+    """A sampled batch in which some answers end at an EOS before others (so rows leave the batch mid-way)."""
+    model, tokenizer, eos_ids = tiny
+    gen = torch.Generator().manual_seed(seed)
+    out = grpo.generate(model, tokenizer, ["question: 1 + 1?\nanswer:", "q?"], eos_ids, max_new_tokens, repeat=4,
+                        temperature=0.8, generator=gen)
+    lengths = out["completion_mask"].sum(1)
+    assert out["truncated"].any() and len(set(lengths[~out["truncated"]].tolist())) > 1, "pick another seed"
+    return out
+
+
+def test_sampler_logprobs_equal_a_full_forward_pass(tiny_arch):
+    """The log-prob the sampler kept for each token (incremental decoding, rows leaving the batch) equals the one a
+    single forward pass over prompt + completion gives at the same temperature: the rows' caches stayed theirs."""
+    model, tokenizer, eos_ids = tiny_arch
+    out = sampled_rows(tiny_arch)
+    T = out["completion_ids"].shape[1]
+    full = grpo.completion_logprobs(model, out["input_ids"], out["attention_mask"], T, 0.8, share_prompts=False)
+    torch.testing.assert_close(out["sampler_logp"], full * out["completion_mask"], atol=2e-5, rtol=0)
+
+
+def test_sampled_first_tokens_follow_softmax_at_temperature(tiny):
+    """6000 answers to one prompt: the first tokens' frequencies match softmax(logits / T) from a plain forward pass
+    within 4 standard errors, for every token (a wrong temperature or a truncated distribution fails)."""
+    model, tokenizer, eos_ids = tiny
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        model.lm_head.weight *= 5  # a random tiny model is almost uniform; sharpen it so temperatures differ
+    n, T = 6000, 1.7
+    out = grpo.generate(model, tokenizer, ["q: 2 + 2?"], eos_ids, 1, repeat=n, temperature=T,
+                        generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits = model(**tokenizer(["q: 2 + 2?"], return_tensors="pt")).logits[0, -1]
+    p = torch.softmax(logits / T, -1)
+    freq = torch.bincount(out["completion_ids"][:, 0], minlength=len(p)).double() / n
+    assert ((freq - p).abs() <= 4 * (p * (1 - p) / n).sqrt() + 1e-3).all()
+    p_at_1 = torch.softmax(logits, -1)  # and the check can tell temperatures apart
+    assert not ((freq - p_at_1).abs() <= 4 * (p_at_1 * (1 - p_at_1) / n).sqrt() + 1e-3).all()
+
+
+def test_sampling_with_a_generator_repeats_and_leaves_the_global_rng_alone(tiny):
+    a, b = sampled_rows(tiny), sampled_rows(tiny)
+    assert torch.equal(a["input_ids"], b["input_ids"])
+    assert not torch.equal(a["input_ids"], sampled_rows(tiny, seed=5)["input_ids"])
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    sampled_rows(tiny)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_finished_rows_pad_and_mask(tiny):
+    """Rows leave the batch at different steps: each completion is its tokens up to its first EOS, pad after it,
+    masks and `truncated` by hand, and the batch is as wide as the longest answer, not max_new_tokens."""
+    model, tokenizer, eos_ids = tiny
+    out = sampled_rows(tiny, max_new_tokens=60)
+    ids, mask = out["completion_ids"], out["completion_mask"]
+    for row, m, cut in zip(ids, mask, out["truncated"]):
+        eos_at = (row == eos_ids[0]).nonzero()
+        n = ids.shape[1] if cut else eos_at[0, 0].item() + 1
+        assert m.tolist() == [1] * n + [0] * (ids.shape[1] - n)
+        assert (row[n:] == tokenizer.pad_token_id).all() and bool(cut) == (len(eos_at) == 0)
+    assert ids.shape[1] == mask.sum(1).max() <= 60
 
 
 def test_shipped_sampling_defaults_are_replaced(tmp_path):
@@ -482,8 +543,8 @@ def test_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
     logp = grpo.completion_logprobs(model, ids, attn, T, 1.0)
     with torch.no_grad():
         ref_logp = grpo.completion_logprobs(ref, ids, attn, T, 1.0)
-    want_loss, _ = grpo.grpo_loss(logp, logp.detach(), ref_logp, adv, mask, beta=0.1, loss_agg=loss_agg,
-                                  max_new_tokens=10)
+    want_loss, want_stats = grpo.grpo_loss(logp, logp.detach(), ref_logp, adv, mask, beta=0.1, loss_agg=loss_agg,
+                                           max_new_tokens=10)
     want_loss.backward()
     want = grads(model)
     for micro in (3, 5, 100):
@@ -491,6 +552,8 @@ def test_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
         model.zero_grad()
         stats = grpo.accumulate_gradients(model, ref, batch, adv, args, cache={})
         assert stats["loss"] == pytest.approx(want_loss.item(), abs=1e-6), micro
+        for key in ("pg_loss", "kl_loss"):  # the parts add up over micro-batches like the loss
+            assert stats[key] == pytest.approx(want_stats[key], abs=1e-6), (micro, key)
         for g, w in zip(grads(model), want):
             torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
 
@@ -507,9 +570,9 @@ def test_kl_term_expected_gradient_is_the_stated_kl(kl_ratio_correction):
     ref_logp = torch.log_softmax(2 * torch.randn(6), 0)
     logp = torch.log_softmax(theta, 0)
     pi_old = logp.exp().detach()
-    loss_t, _, _ = grpo.per_token_loss(logp[:, None], logp.detach()[:, None], ref_logp[:, None], torch.zeros(6),
-                                       clip_eps=0.2, beta=1.0, kl_ratio_correction=kl_ratio_correction)
-    (got,) = torch.autograd.grad((pi_old * loss_t[:, 0]).sum(), theta, retain_graph=True)
+    pg_t, kl_t, _, _ = grpo.per_token_loss(logp[:, None], logp.detach()[:, None], ref_logp[:, None], torch.zeros(6),
+                                           clip_eps=0.2, beta=1.0, kl_ratio_correction=kl_ratio_correction)
+    (got,) = torch.autograd.grad((pi_old * (pg_t + kl_t)[:, 0]).sum(), theta, retain_graph=True)
     pi = logp.exp()
     (forward_kl,) = torch.autograd.grad((pi * (logp - ref_logp)).sum(), theta, retain_graph=True)  # KL(pi || ref)
     (reverse_kl,) = torch.autograd.grad((ref_logp.exp() * (ref_logp - logp)).sum(), theta)      # KL(ref || pi)
@@ -738,6 +801,170 @@ def test_smollm2_one_step_offline(tmp_path):
     assert len(train) == 1 and math.isfinite(train[0]["loss"])
 
 
+# ------------------------------------------------------------------ evaluation and diagnostics
+
+def pass_at_k_by_enumeration(n, c, k):
+    """The share of all k-subsets of n answers (c of them right) that hold at least one right answer."""
+    right = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(right[i] for i in subset) for subset in subsets) / len(subsets)
+
+
+def test_pass_at_k_equals_enumeration_of_all_subsets():
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert grpo.pass_at_k(n, c, k) == pytest.approx(pass_at_k_by_enumeration(n, c, k), abs=1e-12)
+
+
+def test_pass_at_k_grows_with_k_and_pass_at_1_is_the_sampled_accuracy():
+    n = 64
+    for c in range(n + 1):
+        values = [grpo.pass_at_k(n, c, k) for k in range(1, n + 1)]
+        assert all(a <= b for a, b in zip(values, values[1:]))
+        assert values[0] == pytest.approx(c / n, abs=1e-12)
+        assert values[-1] == (1.0 if c else 0.0)
+
+
+@pytest.mark.parametrize("answers, ref, expected", [
+    (["18", "18.0", "3"], "18", 1.0),                    # '18' and '18.0' are one answer with two votes
+    (["3", "3", "18", None, None, None], "18", 0.0),      # None does not vote: 3 wins 2 to 1
+    ([None, None, "18"], "18", 1.0),
+    ([None, None], "18", 0.0),                            # no votes: wrong
+    (["18", "3"], "18.00", 0.5),                          # a tie of two with the right answer: 1/2
+    (["18", "3", "4"], "18", 1 / 3),
+    (["3", "4", "4", "3", "18"], "18", 0.0),              # a tie without it
+    (["-2", "2", "2"], "2", 1.0),
+])
+def test_majority_vote_by_hand(answers, ref, expected):
+    assert grpo.majority_correct(answers, ref) == pytest.approx(expected)
+
+
+def test_loss_split_into_its_two_terms_by_hand():
+    """kl_loss is beta times the k3 KL averaged per answer then over answers, pg_loss the clipped surrogate the same
+    way, and they add up to the loss; at mu = 1 pg_loss is -mean_i adv_i, ~0 for group-normalized advantages."""
+    torch.manual_seed(0)
+    logp, ref_logp = -torch.rand(3, 4), -torch.rand(3, 4)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    adv = torch.tensor([1.5, -0.5, -1.0])
+    loss, stats = grpo.grpo_loss(logp, logp, ref_logp, adv, mask, beta=0.1)
+    d = ref_logp - logp
+    k3 = (d.exp() - d - 1) * mask
+    assert stats["kl_loss"] == pytest.approx(0.1 * (k3.sum(1) / mask.sum(1)).mean().item(), rel=1e-6)
+    assert stats["pg_loss"] == pytest.approx(-adv.mean().item(), abs=1e-6)
+    assert stats["pg_loss"] + stats["kl_loss"] == pytest.approx(loss.item(), abs=1e-6)
+
+
+def test_length_by_outcome_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    batch = {"completion_mask": torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]),
+             "truncated": torch.tensor([False, True, False, True])}
+    m = grpo.step_metrics(rewards, batch, {}, G=2, t0=time.time(), gen_s=1.0)
+    assert (m["len_correct"], m["len_wrong"], m["completion_len"]) == (3.5, 1.5, 2.5)
+    m = grpo.step_metrics(torch.zeros(4), batch, {}, G=2, t0=time.time(), gen_s=1.0)
+    assert m["len_correct"] is None and m["len_wrong"] == 2.5
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sampler_logprob_gap(tiny, dtype):
+    """The sampler's log-probs against pi_old of the loss: equal in fp32 (one rounding path apart), measurably
+    different under bf16, where incremental decoding and the full scoring pass round differently."""
+    model, tokenizer, eos_ids = tiny
+    out = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, 10, repeat=4,
+                        temperature=1.0, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    args = args_for(micro_batch=8, beta=0.0, temperature=1.0, max_new_tokens=10, dtype=dtype, lr=0.0)
+    stats = grpo.train_step(model, None, torch.optim.SGD(model.parameters(), lr=0.0), out, torch.zeros(8), args)
+    T = out["completion_mask"].shape[1]
+    old_logp = grpo.completion_logprobs(model, out["input_ids"], out["attention_mask"], T, 1.0, dtype=dtype)
+    gap = (out["sampler_logp"] - old_logp).abs()[out["completion_mask"].bool()]
+    assert stats["sampler_logp_gap"] == pytest.approx(gap.mean().item(), rel=1e-5)
+    assert stats["sampler_logp_gap_max"] == pytest.approx(gap.max().item(), rel=1e-5)
+    if dtype == "float32":
+        assert stats["sampler_logp_gap_max"] < 1e-5
+    else:
+        assert 1e-6 < stats["sampler_logp_gap"] < stats["sampler_logp_gap_max"] < 1.0  # fp32: below 1e-7 here
+
+
+def test_rollout_log_holds_what_was_trained_on(reference_run):
+    """--log-rollouts 2: steps 1, 2, 4, 6; every question with its G answers; each logged reward is the reward of
+    the logged text against its own question's reference, each advantage (r - mean) / (std + eps) of its group."""
+    lines = [json.loads(line) for line in open(reference_run / "rollouts.jsonl")]
+    assert [x["step"] for x in lines] == [1, 2, 4, 6]
+    refs = {r["question"]: r["ref"] for r in grpo.read_jsonl(os.path.join(reference_run_data(reference_run),
+                                                                          "train.jsonl"))}
+    for line in lines:
+        assert len(line["groups"]) == 2
+        for group in line["groups"]:
+            assert group["ref"] == refs[group["question"]] and len(group["answers"]) == 4
+            r = torch.tensor([reward["reward"] for reward in group["answers"]])
+            assert r.tolist() == [grpo.reward(a["text"], group["ref"]) for a in group["answers"]]
+            want = (r - r.mean()) / (r.std() + 1e-4)
+            assert [a["adv"] for a in group["answers"]] == pytest.approx(want.tolist(), abs=1e-5)
+    assert any(a["reward"] == 1.0 for line in lines for g in line["groups"] for a in g["answers"])
+
+
+def reference_run_data(out):
+    return json.loads(open(os.path.join(out, "metrics.jsonl")).readline())["dataset"]
+
+
+def test_sampled_eval_does_not_change_training(tiny_dir, run_data, reference_run, tmp_path):
+    """The reference run has --eval-samples 4 and --log-rollouts 2; without them the train lines and the greedy
+    evals are the same, number for number: sampled eval draws from a generator of its own."""
+    out = tmp_path / "run"
+    flags = run_flags(tiny_dir, run_data, out)
+    for flag in ("--eval-samples", "--log-rollouts"):
+        i = flags.index(flag)
+        del flags[i:i + 2]
+    grpo.train(grpo.get_args(flags))
+    greedy = ("type", "step", "acc_strict", "acc_lenient", "n", "samples")
+    got = [{k: v for k, v in r.items() if r["type"] == "train" or k in greedy} for r in comparable_metrics(out)[1:]]
+    want = [{k: v for k, v in r.items() if r["type"] == "train" or k in greedy}
+            for r in comparable_metrics(reference_run)[1:]]
+    assert got == want
+    assert not os.path.exists(out / "rollouts.jsonl")
+
+
+def test_sampled_eval_counts_recomputed_from_its_completions(tiny_dir, tmp_path, monkeypatch):
+    """Every eval's `correct` lists, pass@k and maj@K recomputed from the sampled completions themselves (kept
+    by a wrapper around generate), with the estimator replaced by enumeration and the vote counted by hand."""
+    questions = [{"question": f"what is {i} + 0?", "answer": f"#### {i % 3}"} for i in range(5)]
+    data = write_data(tmp_path / "data", questions, questions)
+    real_generate, calls = grpo.generate, []
+
+    def recording_generate(*args, **kwargs):
+        out = real_generate(*args, **kwargs)
+        calls.append((kwargs.get("repeat", 1), kwargs.get("temperature"), grpo.decode_completions(args[1], out)))
+        return out
+    monkeypatch.setattr(grpo, "generate", recording_generate)
+    out = tmp_path / "run"
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "2",
+                              "--steps", "1", "--max-new-tokens", "6", "--eval-n", "5", "--eval-samples", "6",
+                              "--eval-temperature", "1.3", "--out", str(out)]))
+    evals = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "eval"]
+    sampled = [c for c in calls if c[0] == 6]
+    assert [c[1] for c in sampled] == [1.3] * 10  # 2 evals x 5 questions, one a call: 6 answers exceed B*G = 4
+    texts = [t for c in sampled for t in c[2]]
+    assert len(texts) == 2 * 5 * 6  # two evals (step 0 and the end), 5 questions, 6 answers each
+    for e, chunk in zip(evals, (texts[:30], texts[30:])):
+        for strict, suffix in ((False, ""), (True, "_strict")):
+            correct, votes = [], []
+            for i, q in enumerate(questions):
+                answers = [grpo.extract_answer(t, strict) for t in chunk[6 * i:6 * i + 6]]
+                correct.append(sum(a is not None and float(a) == i % 3 for a in answers))
+                counts = {}
+                for a in answers:
+                    if a is not None:
+                        counts[float(a)] = counts.get(float(a), 0) + 1
+                top = [a for a, n in counts.items() if n == max(counts.values())]
+                votes.append((i % 3 in top) / len(top) if top else 0.0)
+            assert e["correct" + suffix] == correct
+            for k in (1, 2, 4, 6):
+                want = sum(pass_at_k_by_enumeration(6, c, k) for c in correct) / 5
+                assert e[f"pass@{k}{suffix}"] == pytest.approx(want, abs=1e-12)
+            assert e[f"maj@6{suffix}"] == pytest.approx(sum(votes) / 5, abs=1e-12)
+    assert sum(evals[0]["correct"]) > 0, "the check needs some right answers"
+
+
 # ------------------------------------------------------------------ bad input: one line, exit 2, nothing written
 
 def assert_one_line_error(r, *words):
@@ -858,7 +1085,8 @@ def test_bandit_std_normalization_rescales_per_question():
 # below stop the same run in different ways, resume it, and must end with the same metrics and weights.
 
 RUN = ["--G", "4", "--batch-prompts", "2", "--steps", "6", "--max-new-tokens", "8", "--micro-batch", "4",
-       "--eval-every", "2", "--eval-n", "4", "--lr", "1e-2", "--beta", "0.04", "--save-every", "2", "--seed", "2"]
+       "--eval-every", "2", "--eval-n", "4", "--lr", "1e-2", "--beta", "0.04", "--save-every", "2", "--seed", "2",
+       "--eval-samples", "4", "--log-rollouts", "2"]
 TIMING = {"step_s", "gen_s", "gen_tok_per_s"}
 
 
@@ -896,6 +1124,7 @@ def assert_same_run(out, reference):
     got, want = comparable_metrics(out), comparable_metrics(reference)
     assert [(r["type"], r.get("step")) for r in got] == [(r["type"], r.get("step")) for r in want]
     assert got == want
+    assert open(os.path.join(out, "rollouts.jsonl")).read() == open(os.path.join(reference, "rollouts.jsonl")).read()
     a, b = final_weights(out), final_weights(reference)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
@@ -1309,7 +1538,27 @@ def test_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monk
 
 
 DDP_RUN = ["--G", "4", "--batch-prompts", "2", "--steps", "2", "--max-new-tokens", "8", "--micro-batch", "2",
-           "--eval-every", "1", "--eval-n", "5", "--lr", "1e-3"]
+           "--eval-every", "1", "--eval-n", "5", "--lr", "1e-3", "--log-rollouts", "1",
+           "--eval-samples", "3", "--eval-temperature", "1e-6"]  # sampling at T -> 0: the greedy answer, 3 times
+
+
+@pytest.fixture(scope="module")
+def ddp_model(tmp_path_factory):
+    """A tiny model whose greedy answer to every question below is ':5555555' (seed 23, found by a search)."""
+    return make_tiny_model(tmp_path_factory.mktemp("tiny23"), seed=23)
+
+
+@pytest.fixture(scope="module")
+def ddp_data(ddp_model, tmp_path_factory):
+    """Training questions as data_dir's; 5 test questions with the reference 5555555 (the model's greedy answer,
+    checked here in one process) for questions 0, 2, 4 and 5555556 for 1 and 3: ranks that counted a question
+    twice, dropped one or gathered them out of order could not produce [3, 0, 3, 0, 3]."""
+    model, tokenizer, eos_ids = grpo.load_model(ddp_model, torch.device("cpu"))
+    questions = [f"what is {i} * {i + 3}?" for i in range(5)]
+    out = grpo.generate(model, tokenizer, [grpo.build_prompt(tokenizer, q) for q in questions], eos_ids, 8)
+    assert [grpo.extract_answer(t) for t in grpo.decode_completions(tokenizer, out)] == ["5555555"] * 5
+    test = [{"question": q, "answer": f"#### {5555555 + i % 2}"} for i, q in enumerate(questions)]
+    return write_data(tmp_path_factory.mktemp("ddp_data"), sums(40), test)
 
 
 def torchrun(*args, timeout=600):
@@ -1323,16 +1572,16 @@ def torchrun_failed(r):
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tiny_dir, data_dir, tmp_path_factory):
+def ddp_run(ddp_model, ddp_data, tmp_path_factory):
     """torchrun --standalone --nproc_per_node=2 grpo.py on the CPU (gloo), 2 steps; (OUT, result, wall seconds)."""
     out = tmp_path_factory.mktemp("ddp") / "run"
     t0 = time.time()
-    r = torchrun("--standalone", "--nproc_per_node=2", "grpo.py", "--model", tiny_dir, "--dataset", data_dir,
+    r = torchrun("--standalone", "--nproc_per_node=2", "grpo.py", "--model", ddp_model, "--dataset", ddp_data,
                  *DDP_RUN, "--out", str(out))
     return out, r, time.time() - t0
 
 
-def test_torchrun_two_processes_end_to_end(ddp_run, tiny_dir):
+def test_torchrun_two_processes_end_to_end(ddp_run, ddp_model):
     """The run completes, rank 0 alone logs and saves, and after the steps both ranks hold bitwise identical
     weights (metrics.jsonl's replicas line: a sha256 of each rank's parameters), which are the ones saved."""
     out, r, wall = ddp_run
@@ -1347,12 +1596,22 @@ def test_torchrun_two_processes_end_to_end(ddp_run, tiny_dir):
             assert all(math.isfinite(x[k]) for k in ("reward_mean", "loss", "grad_norm", "completion_len"))
         if x["type"] == "eval":  # 5 questions split 2 + 3 over the ranks, counted together
             assert x["n"] == 5 and len(x["samples"]) == 3
+    step0 = lines[1]  # the starting policy: the references are its own greedy answers to questions 0, 2 and 4
+    assert step0["acc_lenient"] == 3 / 5 and step0["correct"] == [3, 0, 3, 0, 3] and step0["maj@3"] == 3 / 5
+    rollouts = [json.loads(line) for line in open(out / "rollouts.jsonl")]  # rank 0 writes both ranks' groups
+    assert [x["step"] for x in rollouts] == [1, 2] and all(len(x["groups"]) == 2 for x in rollouts)
+    refs = {r["question"]: r["answer"].split("#### ")[1] for r in sums(40)}
+    for x in rollouts:  # each rank answered one of the step's two questions: both are there, once each
+        assert len({g["question"] for g in x["groups"]}) == 2
+        for g in x["groups"]:
+            assert g["ref"] == refs[g["question"]] and len(g["answers"]) == 4
+            assert [a["reward"] for a in g["answers"]] == [grpo.reward(a["text"], g["ref"]) for a in g["answers"]]
     assert r.stdout.count("eval step 0:") == 1  # only rank 0 prints
     digests = lines[-1]["sha256"]
     assert len(digests) == 2 and digests[0] == digests[1]
     from transformers import AutoModelForCausalLM
     assert grpo.weights_digest(AutoModelForCausalLM.from_pretrained(out)) == digests[0]
-    original = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    original = AutoModelForCausalLM.from_pretrained(ddp_model)
     assert grpo.weights_digest(original) != digests[0], "two steps at lr 1e-3 must move the weights"
     AutoModelForCausalLM.from_pretrained(out / "checkpoint")
     assert len(torch.load(out / "checkpoint" / "rng.pt")) == 2  # each rank's RNG states, for --resume
@@ -1373,7 +1632,7 @@ def test_torchrun_with_two_sequences_per_rank_and_the_default_micro_batch(tiny_d
     assert lines[-1]["type"] == "replicas" and len(set(lines[-1]["sha256"])) == 1
 
 
-def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, tiny_dir, data_dir, tmp_path):
+def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, ddp_model, ddp_data, tmp_path):
     """SIGTERM reaches rank 1 only, during step 1: both ranks must stop after step 1 (none waits forever in the
     next step's all-reduce), rank 0 checkpoints; the printed torchrun command resumes, and the resumed run
     equals the uninterrupted one bit for bit (each rank continues its own sampling stream)."""
@@ -1397,7 +1656,7 @@ def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, tiny
                        "grpo.catch_stop_signals, grpo.train_step = catch, step\n"
                        "grpo.main(sys.argv[1:])\n")
     out = tmp_path / "run"
-    flags = ["--model", tiny_dir, "--dataset", data_dir, *DDP_RUN, "--out", str(out)]
+    flags = ["--model", ddp_model, "--dataset", ddp_data, *DDP_RUN, "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              str(wrapper), *flags], cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True, env={**os.environ, **ONE_THREAD})

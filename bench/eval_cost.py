@@ -1,0 +1,64 @@
+"""Wall time of grpo.py's evaluation on SmolLM2-135M-Instruct and arith, the offline quick start's settings
+(B=2, G=8: 16 sequences a batch, 64 new tokens, T 0.7), one thread: the greedy eval of --greedy-n questions and,
+where the grpo.py has --eval-samples, a sampled eval with K answers on --sampled-n questions.
+
+    python bench/eval_cost.py --dtype bfloat16 --out results/bench/eval_cost_after.json
+    git show fc109ab:grpo.py > /tmp/before/grpo.py
+    python bench/eval_cost.py --grpo-dir /tmp/before --dtype bfloat16 --out results/bench/eval_cost_before.json
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import time
+
+import torch
+
+from common import ROOT
+
+
+def load_grpo(folder):
+    spec = importlib.util.spec_from_file_location("grpo_under_test", os.path.join(folder, "grpo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed_eval(grpo, model, tokenizer, rows, eos_ids, flags):
+    args = grpo.get_args(flags)
+    t0 = time.perf_counter()
+    result = grpo.evaluate(model, tokenizer, rows, eos_ids, args)
+    return time.perf_counter() - t0, {k: v for k, v in result.items() if isinstance(v, float)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--grpo-dir", default=ROOT, help="folder holding the grpo.py to time (default: this checkout)")
+    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    p.add_argument("--greedy-n", type=int, default=200)
+    p.add_argument("--sampled-n", type=int, default=100)
+    p.add_argument("--K", type=int, default=8)
+    p.add_argument("--out", default=None, help="also write the result as JSON here")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    grpo = load_grpo(a.grpo_dir)
+    model, tokenizer, eos_ids = grpo.load_model("smollm2", torch.device("cpu"))
+    rows = grpo.load_data("arith", 0)[1]
+    common = ["--model", "smollm2", "--dataset", "arith", "--G", "8", "--batch-prompts", "2",
+              "--max-new-tokens", "64", "--temperature", "0.7", "--dtype", a.dtype]
+    greedy_s, greedy = timed_eval(grpo, model, tokenizer, rows, eos_ids, common + ["--eval-n", str(a.greedy_n)])
+    result = {"grpo_dir": a.grpo_dir, "dtype": a.dtype, "greedy_n": a.greedy_n, "greedy_s": greedy_s,
+              "greedy": greedy}
+    if "eval_samples" in vars(grpo.get_args([])):
+        flags = common + ["--eval-n", str(a.sampled_n), "--eval-samples", str(a.K)]
+        result["sampled_s"], result["sampled"] = timed_eval(grpo, model, tokenizer, rows, eos_ids, flags)
+        result.update(sampled_n=a.sampled_n, K=a.K)
+    print(json.dumps(result))
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
