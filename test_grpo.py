@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 import types
+from decimal import Decimal
 
 import pytest
 import torch
@@ -35,10 +36,11 @@ CHARS = "0123456789abcdefghijklmnopqrstuvwxyz ?.:#+-*=,$\n"
 def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_extra=None, eos=True, arch="gpt2"):
     """A tiny randomly initialized model with a character-level tokenizer, saved to `path`. arch "gpt2" has learned
     absolute positions; "llama" and "qwen2" (the families of SmolLM2 and Qwen2.5) have rotary positions and
-    grouped-query attention, so left padding and the KV cache go through other code in transformers."""
+    grouped-query attention, so left padding and the KV cache go through other code in transformers; "gemma3" adds
+    sliding-window attention on every other layer, with a window of 4 tokens, shorter than any prompt here."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
-                              Qwen2Config, Qwen2ForCausalLM)
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
     vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
@@ -53,6 +55,13 @@ def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_
         model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=256, n_embd=n_embd, n_layer=n_layer, n_head=2,
                                            bos_token_id=eos_id, eos_token_id=eos_id, resid_pdrop=dropout,
                                            embd_pdrop=dropout, attn_pdrop=dropout))
+    elif arch == "gemma3":  # sliding-window attention on the first layer, a window shorter than the prompts
+        model = Gemma3ForCausalLM(Gemma3TextConfig(
+            vocab_size=len(vocab), max_position_embeddings=256, hidden_size=n_embd, intermediate_size=2 * n_embd,
+            num_hidden_layers=n_layer, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+            layer_types=["sliding_attention", "full_attention"] * (n_layer // 2) + ["sliding_attention"] * (n_layer % 2),
+            bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, attention_dropout=dropout,
+            tie_word_embeddings=True))
     else:
         config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
         model = model_class(config_class(vocab_size=len(vocab), max_position_embeddings=256, hidden_size=n_embd,
@@ -93,7 +102,7 @@ def tiny(tiny_dir):
     return model, tokenizer, eos_ids
 
 
-@pytest.fixture(scope="session", params=["gpt2", "llama", "qwen2"])
+@pytest.fixture(scope="session", params=["gpt2", "llama", "qwen2", "gemma3"])
 def tiny_arch(request, tmp_path_factory):
     """The tiny model of each architecture family, loaded as train() loads it."""
     if request.param == "gpt2":
@@ -205,10 +214,53 @@ _PIECES = st.sampled_from(["####", "#", "-", "--", ",", ".", "$", " ", "\n", "٣
 @given(st.one_of(st.text(), st.lists(_PIECES | st.text(max_size=4) | st.integers().map(str), max_size=40).map("".join)),
        st.booleans())
 def test_extract_answer_is_total(text, strict):
+    """On any text: None or a plain ASCII number that is in the text (less '$' and commas), a 0/1 reward, no error;
+    strict finds nothing in a text without '####', and a number only where lenient finds the same one."""
     answer = grpo.extract_answer(text, strict=strict)
     assert answer is None or _NUMERIC.fullmatch(answer), answer
-    assert grpo.reward(text, "5", strict=strict) in (0.0, 1.0)
-    assert grpo.answers_equal(answer, text) in (True, False)
+    assert answer is None or answer in text.replace("$", "").replace(",", ""), answer
+    if strict:
+        assert answer is None or answer == grpo.extract_answer(text), answer
+        assert "####" in text or answer is None
+    assert grpo.reward(text, "5", strict=strict) == (1.0 if answer is not None and Decimal(answer) == 5 else 0.0)
+
+
+@st.composite
+def written_number(draw):
+    """(text, value): a number as answers write it ('-', '$', thousands commas, decimals, a full stop after it)."""
+    negative, whole, frac = draw(st.booleans()), draw(st.integers(0, 10 ** 12)), draw(st.text("0123456789", max_size=4))
+    digits = f"{whole:,}" if draw(st.booleans()) else str(whole)
+    text = "-" * negative + "$" * draw(st.booleans()) + digits + f".{frac}" * bool(frac) + "." * draw(st.booleans())
+    return text, Decimal("-" * negative + str(whole) + f".{frac}" * bool(frac))
+
+
+# filler between numbers: any text without ASCII digits, '#', '$' or '-' (digits of other scripts are filler)
+_FILLER = st.text(st.characters(blacklist_characters="0123456789#$-", blacklist_categories=("Cs",)), max_size=10)
+
+
+@st.composite
+def answer_text(draw):
+    """(text, the final answer lenient, the final answer strict): filler, numbers, some of them after '####'. The
+    oracle: the number right after the last '####'; without one, the last number (lenient) or None (strict)."""
+    numbers = draw(st.lists(st.tuples(_FILLER, st.booleans(), written_number()), min_size=1, max_size=5))
+    parts, marked = [], None
+    for filler, hashes, (written, value) in numbers:
+        parts += [filler, " ", draw(st.sampled_from(["####", "#### ", "####\n"])) if hashes else "", written, " "]
+        marked = value if hashes else marked
+    text = "".join(parts) + draw(_FILLER)
+    return text, numbers[-1][2][1] if marked is None else marked, marked
+
+
+@settings(max_examples=800, deadline=None)
+@given(answer_text())
+def test_extract_answer_finds_the_known_final_number(case):
+    text, lenient, strict = case
+    got = grpo.extract_answer(text)
+    assert got is not None and _NUMERIC.fullmatch(got) and Decimal(got) == lenient, (text, got, lenient)
+    got_strict = grpo.extract_answer(text, strict=True)
+    assert (got_strict is None) if strict is None else Decimal(got_strict) == strict, (text, got_strict, strict)
+    assert grpo.reward(text, str(lenient)) == 1.0 and grpo.reward(text, str(lenient + 1)) == 0.0
+    assert grpo.reward(text, str(lenient), strict=True) == float(strict is not None)
 
 
 @settings(max_examples=1000, deadline=None)
@@ -408,19 +460,150 @@ def test_clipped_tokens_get_zero_gradient():
     assert stats["clip_frac"] == pytest.approx(4 / 12)
 
 
-def test_kl_zero_when_policy_equals_reference(tiny):
+def loss_by_loop(logp, old_logp, ref_logp, adv, mask, clip_eps, beta, loss_agg, n_seqs, n_tokens, max_new_tokens,
+                 kl_ratio_correction=False):
+    """The loss as grpo.py's module docstring writes it, one token at a time, with no grpo function: this batch's
+    share of the loss of a batch of n_seqs answers and n_tokens completion tokens. Scalars are 0-d tensors, so
+    autograd gives the gradient; a ratio clipped by max/min becomes a float, a constant, as clip() is."""
+    total, clipped, kl_sum = 0.0, 0, 0.0
+    for i in range(len(adv)):
+        length = int(mask[i].sum())  # the mask is 1 on a prefix: o_i up to and including its EOS
+        answer = 0.0
+        for t in range(length):
+            ratio = torch.exp(logp[i, t] - old_logp[i, t])
+            a = float(adv[i])
+            surrogate = min(ratio * a, min(max(ratio, 1 - clip_eps), 1 + clip_eps) * a)
+            d = ref_logp[i, t] - logp[i, t]
+            kl = torch.exp(d) - d - 1
+            answer = answer - (surrogate - beta * (kl * ratio if kl_ratio_correction else kl))
+            clipped += bool((a > 0 and ratio > 1 + clip_eps) or (a < 0 and ratio < 1 - clip_eps))
+            kl_sum += kl.item()
+        total = total + (answer / length if loss_agg == "seq" else answer)
+    divisor = {"seq": n_seqs, "token": n_tokens, "const": n_seqs * max_new_tokens}[loss_agg]
+    return total / divisor, clipped, kl_sum
+
+
+def loss_inputs(seed=0):
+    """7 answers of lengths 6, 1, 3, 5, 2, 6, 4 (width 6), ratios between 0.55 and 1.8, advantages of both signs,
+    a reference away from the policy; masked positions hold large numbers that must count for nothing."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([6, 1, 3, 5, 2, 6, 4])
+    mask = (torch.arange(6) < lengths[:, None]).float()
+    logp = -3 * torch.rand(7, 6, generator=gen)
+    old_logp = logp + 1.2 * torch.rand(7, 6, generator=gen) - 0.6
+    ref_logp = logp + 0.5 * torch.randn(7, 6, generator=gen)
+    logp, ref_logp = logp.masked_fill(mask == 0, 5.0), ref_logp.masked_fill(mask == 0, -9.0)
+    adv = torch.tensor([1.3, -0.7, 0.4, -1.9, 0.0, 2.0, -0.3])
+    return logp, old_logp, ref_logp, adv, mask
+
+
+@pytest.mark.parametrize("kl_ratio_correction", [False, True])
+@pytest.mark.parametrize("loss_agg", ["seq", "token", "const"])
+def test_grpo_loss_equals_the_docstring_formula_by_loop(loss_agg, kl_ratio_correction):
+    """grpo_loss and its gradient against loss_by_loop, for ratios far from 1 (clipped on both sides, with both signs
+    of adv), beta > 0, answers of different lengths: the whole batch in one call, and in uneven micro-batches (3, 1, 3
+    rows) whose shares, each divided by the whole batch's n_seqs, n_tokens and max_new_tokens, add up to it."""
+    logp, old_logp, ref_logp, adv, mask = loss_inputs()
+    clip_eps, beta, max_new_tokens, n_tokens = 0.2, 0.3, 8, mask.sum()
+    ratio, valid = (logp - old_logp).exp(), mask.bool()
+    for side in (ratio > 1 + clip_eps, ratio < 1 - clip_eps, (ratio - 1).abs() < clip_eps):
+        for sign in (adv > 0, adv < 0):  # every region of the clipped surrogate has tokens in it
+            assert (side & valid & sign[:, None]).any()
+    logp.requires_grad_()
+    want, want_clipped, want_kl = loss_by_loop(logp, old_logp, ref_logp, adv, mask, clip_eps, beta, loss_agg, 7,
+                                               n_tokens.item(), max_new_tokens, kl_ratio_correction)
+    (want_grad,) = torch.autograd.grad(want, logp)
+    assert 0 < want_clipped < n_tokens and (want_grad[mask == 0] == 0).all()
+
+    def grpo_share(rows):
+        return grpo.grpo_loss(logp[rows], old_logp[rows], ref_logp[rows], adv[rows], mask[rows], clip_eps, beta,
+                              loss_agg, 7, n_tokens, max_new_tokens, kl_ratio_correction)
+
+    loss, stats = grpo_share(slice(0, 7))
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(loss, logp)[0], want_grad, atol=1e-7, rtol=1e-5)
+    assert stats["clip_frac"] == pytest.approx(want_clipped / n_tokens.item())
+    assert stats["kl"] == pytest.approx(want_kl / n_tokens.item(), rel=1e-6)
+    shares = [grpo_share(rows)[0] for rows in (slice(0, 3), slice(3, 4), slice(4, 7))]
+    assert sum(s.item() for s in shares) == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(sum(shares), logp)[0], want_grad, atol=1e-7, rtol=1e-5)
+    if loss_agg != "const":  # without the counts grpo_loss divides by this call's rows and tokens
+        whole, _ = grpo.grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps, beta, loss_agg,
+                                  kl_ratio_correction=kl_ratio_correction)
+        assert whole.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+
+
+def plain_logprobs(model, batch, T, temperature):
+    """log softmax(logits / T)[token] of each row's completion from a plain forward pass of that row alone, its
+    left padding cut off: no grpo code, no padding, no cache."""
+    rows = []
+    for ids, attn in zip(batch["input_ids"], batch["attention_mask"]):
+        ids = ids[int((attn[:-T] == 0).sum()):]  # the prompt's left padding; pads after an EOS come after what counts
+        logits = model(input_ids=ids[None]).logits[0, -T - 1:-1].float()
+        rows.append(torch.log_softmax(logits / temperature, -1).gather(-1, ids[-T:, None]).squeeze(-1))
+    return torch.stack(rows)
+
+
+def test_mu_passes_equal_the_loop_loss_against_the_sampling_logprobs(tiny):
+    """mu = 2 at temperature 0.7, beta > 0, micro-batches of 3: in both passes loss and gradient equal loss_by_loop
+    on plain_logprobs, with old_logp the log-probs of the weights that sampled (taken before any update) and ref_logp
+    the reference's. In pass 2 the ratios have left 1 and some tokens are clipped."""
     model, tokenizer, eos_ids = tiny
-    batch = rollout(model, tokenizer, eos_ids)
+    model = copy.deepcopy(model)
+    torch.manual_seed(2)
+    batch = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, max_new_tokens=10,
+                          repeat=4, temperature=0.7)
     ref = copy.deepcopy(model)
-    T = batch["completion_mask"].shape[1]
-    model.zero_grad()
-    logp = grpo.completion_logprobs(model, batch["input_ids"], batch["attention_mask"], T, 1.0)
     with torch.no_grad():
-        ref_logp = grpo.completion_logprobs(ref, batch["input_ids"], batch["attention_mask"], T, 1.0)
-    loss, stats = grpo.grpo_loss(logp, logp.detach(), ref_logp, torch.zeros(8), batch["completion_mask"], beta=1.0)
-    loss.backward()
-    assert stats["kl"] == 0.0 and loss.item() == 0.0
-    assert all(p.grad.abs().max() == 0 for p in model.parameters())
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.3, -2.0, -0.3])
+    mask = batch["completion_mask"]
+    T = mask.shape[1]
+    args = args_for(micro_batch=3, mu=2, beta=0.1, clip_eps=0.05, temperature=0.7, max_new_tokens=10)
+    with torch.no_grad():
+        old_logp, ref_logp = plain_logprobs(model, batch, T, 0.7), plain_logprobs(ref, batch, T, 0.7)
+    cache = {}
+    for step in range(args.mu):
+        model.zero_grad()
+        stats = grpo.accumulate_gradients(model, ref, batch, adv, args, cache)
+        got = grads(model)
+        model.zero_grad()
+        logp = plain_logprobs(model, batch, T, 0.7)
+        want, clipped, _ = loss_by_loop(logp, old_logp, ref_logp, adv, mask, args.clip_eps, args.beta, "seq", 8,
+                                        mask.sum().item(), 10)
+        want.backward()
+        assert stats["loss"] == pytest.approx(want.item(), rel=1e-5, abs=1e-7), step
+        assert stats["clip_frac"] == pytest.approx(clipped / mask.sum().item()), step
+        for g, w in zip(got, grads(model)):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+        with torch.no_grad():  # the update between the passes: plain SGD on grpo's gradient
+            for p, g in zip(model.parameters(), got):
+                p.add_(g, alpha=-0.5)
+    assert clipped > 0 and (logp - old_logp)[mask.bool()].abs().max() > 0.05
+
+
+@pytest.mark.parametrize("kl_ratio_correction", [False, True])
+def test_kl_term_by_hand_when_policy_differs_from_reference(kl_ratio_correction):
+    """adv = 0 and old = logp (mu = 1): only beta * k3 is left. Answer 1 has tokens with (pi, pi_ref) = (1/2, 1/4) and
+    (1/4, 1/2): k3 = ln 2 - 1/2 and 1 - ln 2, d k3 / d logp = 1 - pi_ref / pi = 1/2 and -1. Answer 2 has one token
+    with pi = pi_ref: k3 = 0, no gradient. seq loss = beta * (1/2 * 1/2 + 0) / 2 = beta / 8. With the ratio the value
+    is the same and the gradient gains k3 * d ratio / d logp = k3: ln 2 and -ln 2, times beta / 4."""
+    beta = 0.5
+    logp = torch.log(torch.tensor([[0.5, 0.25], [0.5, 0.9]])).requires_grad_()
+    ref_logp = torch.log(torch.tensor([[0.25, 0.5], [0.5, 0.1]]))
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # the masked token's pi != pi_ref must count for nothing
+    loss, stats = grpo.grpo_loss(logp, logp.detach(), ref_logp, torch.zeros(2), mask, beta=beta,
+                                 kl_ratio_correction=kl_ratio_correction)
+    assert loss.item() == pytest.approx(beta / 8, rel=1e-6)
+    assert stats["kl"] == pytest.approx(1 / 6, rel=1e-6)  # (ln 2 - 1/2 + 1 - ln 2 + 0) / 3 tokens
+    (g,) = torch.autograd.grad(loss, logp)
+    d = [math.log(2), -math.log(2)] if kl_ratio_correction else [0.5, -1.0]
+    torch.testing.assert_close(g, torch.tensor([[d[0] * beta / 4, d[1] * beta / 4], [0.0, 0.0]]), atol=1e-7, rtol=1e-6)
+    # and with pi = pi_ref everywhere both the value and the gradient vanish
+    loss, stats = grpo.grpo_loss(logp, logp.detach(), logp.detach(), torch.zeros(2), mask, beta=beta,
+                                 kl_ratio_correction=kl_ratio_correction)
+    assert loss.item() == 0.0 and stats["kl"] == 0.0 and torch.autograd.grad(loss, logp)[0].abs().max() == 0
 
 
 def test_k3_nonnegative_and_unbiased():
@@ -436,11 +619,13 @@ def test_k3_nonnegative_and_unbiased():
 
 
 def test_aggregate_by_hand():
-    loss_t = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    """Two rows of a batch of n_seqs = 5 answers, n_tokens = 11 completion tokens, max_new_tokens = 4: every
+    denominator is the batch's, none is this micro-batch's (2 rows, 4 tokens, width 3); masked losses count for nothing."""
+    loss_t = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    assert grpo.aggregate(loss_t, mask, "seq", 2, 4, 3).item() == pytest.approx((2.0 + 4.0) / 2)
-    assert grpo.aggregate(loss_t, mask, "token", 2, 4, 3).item() == pytest.approx(10.0 / 4)
-    assert grpo.aggregate(loss_t, mask, "const", 2, 4, 3).item() == pytest.approx(10.0 / 6)
+    assert grpo.aggregate(loss_t, mask, "seq", 5, 11, 4).item() == pytest.approx((6.0 / 3 + 4.0 / 1) / 5)
+    assert grpo.aggregate(loss_t, mask, "token", 5, 11, 4).item() == pytest.approx(10.0 / 11)
+    assert grpo.aggregate(loss_t, mask, "const", 5, 11, 4).item() == pytest.approx(10.0 / (5 * 4))
 
 
 @pytest.mark.parametrize("loss_agg", ["seq", "token", "const"])
