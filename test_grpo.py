@@ -9,6 +9,7 @@ import re
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -981,6 +982,62 @@ def test_grpo_learns_toy_task(tiny_dir, tmp_path):
     rewards = [x["reward_mean"] for x in map(json.loads, open(out / "metrics.jsonl")) if x["type"] == "train"]
     start, end = sum(rewards[:5]) / 5, sum(rewards[-10:]) / 10
     assert start < 0.2 and end > start + 0.3, (start, end)  # measured: start 0.05-0.07, end 0.5-1.0 (seeds 0-2)
+
+
+def test_every_logged_reward_is_against_its_own_question(tiny_dir, tmp_path, monkeypatch):
+    """train() on questions with different answers, the policy's texts faked: answer j to 'what is a + b?' is right
+    (a + b) for j < (a + b) % 5 and wrong (1000 + a + b, no question's answer) otherwise. Every reward train() hands
+    to group_advantages, and every logged reward statistic and eval accuracy, must be the one computed here from each
+    text's own question; a reward against another question's reference fails it."""
+    pairs = [(1, 2), (5, 5), (7, 7), (20, 3), (9, 2), (31, 8), (2, 0), (6, 6), (40, 0)]  # 9 different sums: 3 steps
+    rows = [{"question": f"what is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"} for a, b in pairs]
+    data = write_data(tmp_path / "d", rows, rows[:5])
+    calls, seen_rewards = [], []  # (prompts, repeat) of each generate call; rewards given to group_advantages
+    real_generate, real_advantages = grpo.generate, grpo.group_advantages
+
+    def spy_generate(model, tokenizer, prompts, *args, repeat=1, **kwargs):
+        calls.append((list(prompts), repeat))
+        return real_generate(model, tokenizer, prompts, *args, repeat=repeat, **kwargs)
+
+    def right(prompt, j):
+        a, b = map(int, re.search(r"what is (\d+) \+ (\d+)\?", prompt).groups())
+        return j < (a + b) % 5, a + b
+
+    def fake_texts(tokenizer, out):
+        prompts, repeat = calls[-1]
+        assert len(out["completion_ids"]) == len(prompts) * repeat
+        texts = []
+        for row in range(len(prompts) * repeat):
+            ok, total = right(prompts[row // repeat], row % repeat)
+            texts.append(f"so it is {total}\n#### {total}" if ok else f"i think 7\n#### {1000 + total}")
+        return texts
+
+    monkeypatch.setattr(grpo, "generate", spy_generate)
+    monkeypatch.setattr(grpo, "decode_completions", fake_texts)
+    monkeypatch.setattr(grpo, "group_advantages", lambda r, *a, **k: seen_rewards.append(r.tolist()) or
+                        real_advantages(r, *a, **k))
+    out = tmp_path / "run"
+    G = 4
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", str(G), "--batch-prompts", "3",
+                              "--steps", "3", "--max-new-tokens", "4", "--micro-batch", "12", "--beta", "0.0",
+                              "--eval-every", "0", "--eval-n", "5", "--out", str(out)]))
+    train_calls = [c for c in calls if c[1] == G]
+    assert len(train_calls) == len(seen_rewards) == 3
+    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    logged = [x for x in lines if x["type"] == "train"]
+    for (prompts, _), got, line in zip(train_calls, seen_rewards, logged):
+        assert len({right(p, 0)[1] for p in prompts}) == 3  # three questions with three different answers
+        want = [float(right(prompts[i], j)[0]) for i in range(3) for j in range(G)]
+        assert got == want
+        groups = [want[i * G:(i + 1) * G] for i in range(3)]
+        assert line["reward_mean"] == pytest.approx(sum(want) / len(want))
+        assert line["reward_std"] == pytest.approx(statistics.stdev(want))
+        assert line["frac_all_correct"] == pytest.approx(sum(min(g) == 1 for g in groups) / 3)
+        assert line["frac_all_wrong"] == pytest.approx(sum(max(g) == 0 for g in groups) / 3)
+    assert {x for got in seen_rewards for x in got} == {0.0, 1.0}
+    evals = [x for x in lines if x["type"] == "eval"]
+    want_acc = sum(right(f"what is {a} + {b}?", 0)[0] for a, b in pairs[:5]) / 5  # answer 0 to each test question
+    assert [x["acc_lenient"] for x in evals] == [pytest.approx(want_acc)] * 2 and 0 < want_acc < 1
 
 
 def test_smollm2_one_step_offline(tmp_path):
