@@ -60,7 +60,7 @@ def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_
         model = Gemma3ForCausalLM(Gemma3TextConfig(
             vocab_size=len(vocab), max_position_embeddings=256, hidden_size=n_embd, intermediate_size=2 * n_embd,
             num_hidden_layers=n_layer, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
-            layer_types=["sliding_attention", "full_attention"] * (n_layer // 2) + ["sliding_attention"] * (n_layer % 2),
+            layer_types=(["sliding_attention", "full_attention"] * n_layer)[:n_layer],
             bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, attention_dropout=dropout,
             tie_word_embeddings=True))
     else:
@@ -405,7 +405,7 @@ def test_generate_with_eos_mid_answer_matches_transformers_greedy(tiny_arch):
         if expected.shape[1] == P + M and min(lengths) < M // 2 and max(lengths) == M:
             break
     else:
-        raise AssertionError("no EOS bias on the grid gives both answers that end early and answers that run to the end")
+        raise AssertionError("no EOS bias on the grid makes some answers end early and others run to the end")
     out = grpo.generate(biased, tokenizer, EOS_PROMPTS, eos_ids, max_new_tokens=M, repeat=2)
     assert torch.equal(out["input_ids"], expected)
     assert torch.equal(out["completion_ids"], expected[:, P:])
@@ -691,7 +691,8 @@ def test_k3_nonnegative_and_unbiased():
 
 def test_aggregate_by_hand():
     """Two rows of a batch of n_seqs = 5 answers, n_tokens = 11 completion tokens, max_new_tokens = 4: every
-    denominator is the batch's, none is this micro-batch's (2 rows, 4 tokens, width 3); masked losses count for nothing."""
+    denominator is the batch's, none is this micro-batch's (2 rows, 4 tokens, width 3); masked losses count for
+    nothing."""
     loss_t = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
     assert grpo.aggregate(loss_t, mask, "seq", 5, 11, 4).item() == pytest.approx((6.0 / 3 + 4.0 / 1) / 5)
