@@ -261,6 +261,8 @@ def test_extract_answer_finds_the_known_final_number(case):
     got_strict = grpo.extract_answer(text, strict=True)
     assert (got_strict is None) if strict is None else Decimal(got_strict) == strict, (text, got_strict, strict)
     assert grpo.reward(text, str(lenient)) == 1.0 and grpo.reward(text, str(lenient + 1)) == 0.0
+    written_otherwise = f"{lenient}0" if "." in str(lenient) else f"{lenient}.0"  # the same number: '5.0', '2.50'
+    assert grpo.reward(text, written_otherwise) == 1.0
     assert grpo.reward(text, str(lenient), strict=True) == float(strict is not None)
 
 
