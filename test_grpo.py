@@ -10,10 +10,12 @@ import re
 import shlex
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import time
 import types
+from decimal import Decimal
 
 import pytest
 import torch
@@ -36,10 +38,11 @@ CHARS = "0123456789abcdefghijklmnopqrstuvwxyz ?.:#+-*=,$\n"
 def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_extra=None, eos=True, arch="gpt2"):
     """A tiny randomly initialized model with a character-level tokenizer, saved to `path`. arch "gpt2" has learned
     absolute positions; "llama" and "qwen2" (the families of SmolLM2 and Qwen2.5) have rotary positions and
-    grouped-query attention, so left padding and the KV cache go through other code in transformers."""
+    grouped-query attention, so left padding and the KV cache go through other code in transformers; "gemma3" adds
+    sliding-window attention on every other layer, with a window of 4 tokens, shorter than any prompt here."""
     from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
-    from transformers import (GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast,
-                              Qwen2Config, Qwen2ForCausalLM)
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
     vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
@@ -54,6 +57,13 @@ def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_
         model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=256, n_embd=n_embd, n_layer=n_layer, n_head=2,
                                            bos_token_id=eos_id, eos_token_id=eos_id, resid_pdrop=dropout,
                                            embd_pdrop=dropout, attn_pdrop=dropout))
+    elif arch == "gemma3":  # sliding-window attention on the first layer, a window shorter than the prompts
+        model = Gemma3ForCausalLM(Gemma3TextConfig(
+            vocab_size=len(vocab), max_position_embeddings=256, hidden_size=n_embd, intermediate_size=2 * n_embd,
+            num_hidden_layers=n_layer, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+            layer_types=(["sliding_attention", "full_attention"] * n_layer)[:n_layer],
+            bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, attention_dropout=dropout,
+            tie_word_embeddings=True))
     else:
         config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
         model = model_class(config_class(vocab_size=len(vocab), max_position_embeddings=256, hidden_size=n_embd,
@@ -94,7 +104,7 @@ def tiny(tiny_dir):
     return model, tokenizer, eos_ids
 
 
-@pytest.fixture(scope="session", params=["gpt2", "llama", "qwen2"])
+@pytest.fixture(scope="session", params=["gpt2", "llama", "qwen2", "gemma3"])
 def tiny_arch(request, tmp_path_factory):
     """The tiny model of each architecture family, loaded as train() loads it."""
     if request.param == "gpt2":
@@ -206,10 +216,55 @@ _PIECES = st.sampled_from(["####", "#", "-", "--", ",", ".", "$", " ", "\n", "٣
 @given(st.one_of(st.text(), st.lists(_PIECES | st.text(max_size=4) | st.integers().map(str), max_size=40).map("".join)),
        st.booleans())
 def test_extract_answer_is_total(text, strict):
+    """On any text: None or a plain ASCII number that is in the text (less '$' and commas), a 0/1 reward, no error;
+    strict finds nothing in a text without '####', and a number only where lenient finds the same one."""
     answer = grpo.extract_answer(text, strict=strict)
     assert answer is None or _NUMERIC.fullmatch(answer), answer
-    assert grpo.reward(text, "5", strict=strict) in (0.0, 1.0)
-    assert grpo.answers_equal(answer, text) in (True, False)
+    assert answer is None or answer in text.replace("$", "").replace(",", ""), answer
+    if strict:
+        assert answer is None or answer == grpo.extract_answer(text), answer
+        assert "####" in text or answer is None
+    assert grpo.reward(text, "5", strict=strict) == (1.0 if answer is not None and Decimal(answer) == 5 else 0.0)
+
+
+@st.composite
+def written_number(draw):
+    """(text, value): a number as answers write it ('-', '$', thousands commas, decimals, a full stop after it)."""
+    negative, whole, frac = draw(st.booleans()), draw(st.integers(0, 10 ** 12)), draw(st.text("0123456789", max_size=4))
+    digits = f"{whole:,}" if draw(st.booleans()) else str(whole)
+    text = "-" * negative + "$" * draw(st.booleans()) + digits + f".{frac}" * bool(frac) + "." * draw(st.booleans())
+    return text, Decimal("-" * negative + str(whole) + f".{frac}" * bool(frac))
+
+
+# filler between numbers: any text without ASCII digits, '#', '$' or '-' (digits of other scripts are filler)
+_FILLER = st.text(st.characters(blacklist_characters="0123456789#$-", blacklist_categories=("Cs",)), max_size=10)
+
+
+@st.composite
+def answer_text(draw):
+    """(text, the final answer lenient, the final answer strict): filler, numbers, some of them after '####'. The
+    oracle: the number right after the last '####'; without one, the last number (lenient) or None (strict)."""
+    numbers = draw(st.lists(st.tuples(_FILLER, st.booleans(), written_number()), min_size=1, max_size=5))
+    parts, marked = [], None
+    for filler, hashes, (written, value) in numbers:
+        parts += [filler, " ", draw(st.sampled_from(["####", "#### ", "####\n"])) if hashes else "", written, " "]
+        marked = value if hashes else marked
+    text = "".join(parts) + draw(_FILLER)
+    return text, numbers[-1][2][1] if marked is None else marked, marked
+
+
+@settings(max_examples=800, deadline=None)
+@given(answer_text())
+def test_extract_answer_finds_the_known_final_number(case):
+    text, lenient, strict = case
+    got = grpo.extract_answer(text)
+    assert got is not None and _NUMERIC.fullmatch(got) and Decimal(got) == lenient, (text, got, lenient)
+    got_strict = grpo.extract_answer(text, strict=True)
+    assert (got_strict is None) if strict is None else Decimal(got_strict) == strict, (text, got_strict, strict)
+    assert grpo.reward(text, str(lenient)) == 1.0 and grpo.reward(text, str(lenient + 1)) == 0.0
+    written_otherwise = f"{lenient}0" if "." in str(lenient) else f"{lenient}.0"  # the same number: '5.0', '2.50'
+    assert grpo.reward(text, written_otherwise) == 1.0
+    assert grpo.reward(text, str(lenient), strict=True) == float(strict is not None)
 
 
 @settings(max_examples=1000, deadline=None)
@@ -247,15 +302,21 @@ def test_left_padding_does_not_change_logprobs(tiny):
             torch.testing.assert_close(batched[i], alone[0], atol=1e-5, rtol=0)
 
 
-def test_logprobs_match_log_softmax_at_temperature(tiny):
-    model, tokenizer, _ = tiny
-    ids = tokenizer(["question: 1 + 1?\nanswer: 2"], return_tensors="pt").input_ids
-    T, temp = 4, 0.6
+def test_logprobs_match_log_softmax_at_temperature(tiny_arch):
+    """completion_logprobs on a left-padded batch of 8 sampled answers (shared prompt pass, and whole rows) equals
+    plain_logprobs: log_softmax(logits / T) from each row alone, unpadded, on every completion token."""
+    model, tokenizer, eos_ids = tiny_arch
+    torch.manual_seed(3)  # tokens from a model whose EOS is likely, so answers end early, scored by the model itself
+    batch = grpo.generate(with_eos_bias(model, eos_ids, 1.5), tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"],
+                          eos_ids, max_new_tokens=10, repeat=4, temperature=1.0)
+    mask = batch["completion_mask"].bool()
+    T = mask.shape[1]
+    assert (batch["attention_mask"][:, :-T] == 0).any() and not mask.all(), "needs left padding and an early EOS"
     with torch.no_grad():
-        got = grpo.completion_logprobs(model, ids, torch.ones_like(ids), T, temperature=temp)
-        logits = model(ids).logits[0]
-    ref = torch.log_softmax(logits / temp, -1)[-T - 1:-1].gather(-1, ids[0, -T:, None]).squeeze(-1)
-    torch.testing.assert_close(got[0], ref, atol=1e-5, rtol=0)
+        want = plain_logprobs(model, batch, T, temperature=0.6)
+        for share in (True, False):
+            got = grpo.completion_logprobs(model, batch["input_ids"], batch["attention_mask"], T, 0.6, share)
+            torch.testing.assert_close(got[mask], want[mask], atol=1e-5, rtol=0)
 
 
 def test_entropy_metric_equals_an_independent_entropy(tiny):
@@ -279,22 +340,86 @@ def test_entropy_metric_equals_an_independent_entropy(tiny):
     assert got == pytest.approx(want.item(), rel=1e-5)
 
 
+def with_eos_bias(model, eos_ids, bias):
+    """A copy of the model whose output layer adds `bias` to the EOS logit (an lm_head bias: a real model change that
+    grpo.generate and transformers both see), so that answers end early."""
+    biased = copy.deepcopy(model)
+    vector = torch.zeros(model.config.vocab_size)
+    vector[eos_ids] = bias
+    biased.get_output_embeddings().bias = torch.nn.Parameter(vector)
+    return biased
+
+
+def by_hand(completion_ids, eos_ids, pad_id):
+    """Per row, from a loop over its tokens: (mask up to and including the first EOS, ended, text before the EOS,
+    whether every token after the EOS is the pad token)."""
+    chars = dict(enumerate(CHARS, start=2))  # make_tiny_model's vocabulary; ids 0 and 1 are <eos> and <unk>
+    rows = []
+    for tokens in completion_ids.tolist():
+        end = next((t for t, token in enumerate(tokens) if token in eos_ids), None)
+        n = len(tokens) if end is None else end + 1
+        text = "".join(chars.get(token, "") for token in tokens[:n] if token not in eos_ids)
+        rows.append(([1] * n + [0] * (len(tokens) - n), end is not None, text, all(x == pad_id for x in tokens[n:])))
+    return rows
+
+
 def test_generate_masks_and_truncation(tiny):
+    """Sampling from a model whose EOS is likely (16 answers, about 1 in 12 tokens an EOS): some answers end in the
+    middle and some run to the limit (asserted, so the EOS checks surely run); masks, padding after the EOS and
+    `truncated` against by_hand."""
     model, tokenizer, eos_ids = tiny
     torch.manual_seed(0)
-    out = grpo.generate(model, tokenizer, ["question: 1 + 1?\nanswer:", "q?"], eos_ids, max_new_tokens=12,
-                        repeat=3, temperature=1.0)
-    assert out["input_ids"].shape[0] == 6
+    out = grpo.generate(with_eos_bias(model, eos_ids, 1.5), tokenizer, ["question: 1 + 1?\nanswer:", "q?"], eos_ids,
+                        max_new_tokens=12, repeat=8, temperature=1.0)
+    completion = out["completion_ids"]
+    assert out["input_ids"].shape[0] == 16 and completion.shape[1] == 12
     assert out["attention_mask"].shape == out["input_ids"].shape
-    assert (out["input_ids"][:, -out["completion_ids"].shape[1]:] == out["completion_ids"]).all()
-    has_eos = torch.isin(out["completion_ids"], torch.tensor(eos_ids)).any(1)
-    assert (out["truncated"] == ~has_eos).all()
-    lengths = out["completion_mask"].sum(1)
-    for row, n in zip(out["completion_ids"], lengths):  # the EOS is the last kept token, when there is one
-        if (row == 0).any():
-            assert row[n - 1] == 0 and (row[:n - 1] != 0).all()
-        else:
-            assert n == 12
+    assert torch.equal(out["input_ids"][:, -12:], completion)
+    hand = by_hand(completion, eos_ids, tokenizer.pad_token_id)
+    lengths = [sum(mask) for mask, *_ in hand]
+    assert any(ended and 1 < n < 12 for (_, ended, _, _), n in zip(hand, lengths)), lengths  # an EOS mid-answer
+    assert any(not ended for _, ended, _, _ in hand), lengths  # and an answer cut at max_new_tokens
+    assert out["completion_mask"].tolist() == [mask for mask, *_ in hand]
+    assert torch.equal(out["attention_mask"][:, -12:], out["completion_mask"])
+    assert out["truncated"].tolist() == [not ended for _, ended, _, _ in hand]
+    assert all(padded for *_, padded in hand)
+    assert grpo.decode_completions(tokenizer, out) == [text for _, _, text, _ in hand]
+
+
+EOS_PROMPTS = ["question: 1 + 1?\nanswer:", "q?", "question: what is 3 * 4?\nanswer:", "what is 12 - 5?",
+               "hello: 7 + 8 =", "a: 2?", "how many apples: 4 * 2?", "x = 9, y ="]
+
+
+def test_generate_with_eos_mid_answer_matches_transformers_greedy(tiny_arch):
+    """Greedy decoding by a model with a raised EOS logit, chosen from a grid so that some answers end in the middle
+    and some run to max_new_tokens: the tokens (pads after an EOS included) equal transformers' model.generate; the
+    completion and attention masks, `truncated` and decode_completions equal by_hand and transformers' decoding."""
+    model, tokenizer, eos_ids = tiny_arch
+    M = 16
+    enc = tokenizer(EOS_PROMPTS, return_tensors="pt", padding=True)
+    P = enc.input_ids.shape[1]
+    for bias in [0.15 + 0.025 * k for k in range(19)]:  # measured: gpt2 0.35, llama 0.45, qwen2 0.4, gemma3 0.2
+        biased = with_eos_bias(model, eos_ids, bias)
+        with torch.no_grad():
+            expected = biased.generate(input_ids=enc.input_ids.repeat_interleave(2, 0), max_new_tokens=M,
+                                       attention_mask=enc.attention_mask.repeat_interleave(2, 0), do_sample=False)
+        hand = by_hand(expected[:, P:], eos_ids, tokenizer.pad_token_id)
+        lengths = [sum(mask) for mask, *_ in hand]
+        if expected.shape[1] == P + M and min(lengths) < M // 2 and max(lengths) == M:
+            break
+    else:
+        raise AssertionError("no EOS bias on the grid makes some answers end early and others run to the end")
+    out = grpo.generate(biased, tokenizer, EOS_PROMPTS, eos_ids, max_new_tokens=M, repeat=2)
+    assert torch.equal(out["input_ids"], expected)
+    assert torch.equal(out["completion_ids"], expected[:, P:])
+    assert out["completion_mask"].tolist() == [mask for mask, *_ in hand]
+    assert out["attention_mask"].tolist() == [p + m for p, (m, *_) in zip(enc.attention_mask.repeat_interleave(2, 0)
+                                                                         .tolist(), hand)]
+    assert out["truncated"].tolist() == [not ended for _, ended, _, _ in hand]
+    assert all(padded for *_, padded in hand)
+    texts = grpo.decode_completions(tokenizer, out)
+    assert texts == [text for _, _, text, _ in hand]
+    assert texts == tokenizer.batch_decode(expected[:, P:], skip_special_tokens=True)
 
 
 def test_generate_matches_transformers_generate(tiny_arch):
@@ -423,8 +548,8 @@ def test_shared_prompt_pass_equals_whole_rows(tiny_arch):
         (adv[:, None] * logp * batch["completion_mask"]).sum().backward()
         result[share] = logp.detach(), grads(model)
     torch.testing.assert_close(result[True][0], result[False][0], atol=1e-5, rtol=0)
-    for a, b in zip(result[True][1], result[False][1]):
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4)
+    for a, b in zip(result[True][1], result[False][1]):  # fp32 rounding scales with the gradient (Gemma's reaches 17)
+        torch.testing.assert_close(a, b, atol=1e-6 * max(1.0, b.abs().max().item()), rtol=1e-4)
 
 
 def test_gradient_equals_policy_gradient_formula(tiny):
@@ -469,19 +594,150 @@ def test_clipped_tokens_get_zero_gradient():
     assert stats["clip_frac"] == pytest.approx(4 / 12)
 
 
-def test_kl_zero_when_policy_equals_reference(tiny):
+def loss_by_loop(logp, old_logp, ref_logp, adv, mask, clip_eps, beta, loss_agg, n_seqs, n_tokens, max_new_tokens,
+                 kl_ratio_correction=False):
+    """The loss as grpo.py's module docstring writes it, one token at a time, with no grpo function: this batch's
+    share of the loss of a batch of n_seqs answers and n_tokens completion tokens. Scalars are 0-d tensors, so
+    autograd gives the gradient; a ratio clipped by max/min becomes a float, a constant, as clip() is."""
+    total, clipped, kl_sum = 0.0, 0, 0.0
+    for i in range(len(adv)):
+        length = int(mask[i].sum())  # the mask is 1 on a prefix: o_i up to and including its EOS
+        answer = 0.0
+        for t in range(length):
+            ratio = torch.exp(logp[i, t] - old_logp[i, t])
+            a = float(adv[i])
+            surrogate = min(ratio * a, min(max(ratio, 1 - clip_eps), 1 + clip_eps) * a)
+            d = ref_logp[i, t] - logp[i, t]
+            kl = torch.exp(d) - d - 1
+            answer = answer - (surrogate - beta * (kl * ratio if kl_ratio_correction else kl))
+            clipped += bool((a > 0 and ratio > 1 + clip_eps) or (a < 0 and ratio < 1 - clip_eps))
+            kl_sum += kl.item()
+        total = total + (answer / length if loss_agg == "seq" else answer)
+    divisor = {"seq": n_seqs, "token": n_tokens, "const": n_seqs * max_new_tokens}[loss_agg]
+    return total / divisor, clipped, kl_sum
+
+
+def loss_inputs(seed=0):
+    """7 answers of lengths 6, 1, 3, 5, 2, 6, 4 (width 6), ratios between 0.55 and 1.8, advantages of both signs,
+    a reference away from the policy; masked positions hold large numbers that must count for nothing."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.tensor([6, 1, 3, 5, 2, 6, 4])
+    mask = (torch.arange(6) < lengths[:, None]).float()
+    logp = -3 * torch.rand(7, 6, generator=gen)
+    old_logp = logp + 1.2 * torch.rand(7, 6, generator=gen) - 0.6
+    ref_logp = logp + 0.5 * torch.randn(7, 6, generator=gen)
+    logp, ref_logp = logp.masked_fill(mask == 0, 5.0), ref_logp.masked_fill(mask == 0, -9.0)
+    adv = torch.tensor([1.3, -0.7, 0.4, -1.9, 0.0, 2.0, -0.3])
+    return logp, old_logp, ref_logp, adv, mask
+
+
+@pytest.mark.parametrize("kl_ratio_correction", [False, True])
+@pytest.mark.parametrize("loss_agg", ["seq", "token", "const"])
+def test_grpo_loss_equals_the_docstring_formula_by_loop(loss_agg, kl_ratio_correction):
+    """grpo_loss and its gradient against loss_by_loop, for ratios far from 1 (clipped on both sides, with both signs
+    of adv), beta > 0, answers of different lengths: the whole batch in one call, and in uneven micro-batches (3, 1, 3
+    rows) whose shares, each divided by the whole batch's n_seqs, n_tokens and max_new_tokens, add up to it."""
+    logp, old_logp, ref_logp, adv, mask = loss_inputs()
+    clip_eps, beta, max_new_tokens, n_tokens = 0.2, 0.3, 8, mask.sum()
+    ratio, valid = (logp - old_logp).exp(), mask.bool()
+    for side in (ratio > 1 + clip_eps, ratio < 1 - clip_eps, (ratio - 1).abs() < clip_eps):
+        for sign in (adv > 0, adv < 0):  # every region of the clipped surrogate has tokens in it
+            assert (side & valid & sign[:, None]).any()
+    logp.requires_grad_()
+    want, want_clipped, want_kl = loss_by_loop(logp, old_logp, ref_logp, adv, mask, clip_eps, beta, loss_agg, 7,
+                                               n_tokens.item(), max_new_tokens, kl_ratio_correction)
+    (want_grad,) = torch.autograd.grad(want, logp)
+    assert 0 < want_clipped < n_tokens and (want_grad[mask == 0] == 0).all()
+
+    def grpo_share(rows):
+        return grpo.grpo_loss(logp[rows], old_logp[rows], ref_logp[rows], adv[rows], mask[rows], clip_eps, beta,
+                              loss_agg, 7, n_tokens, max_new_tokens, kl_ratio_correction)
+
+    loss, stats = grpo_share(slice(0, 7))
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(loss, logp)[0], want_grad, atol=1e-7, rtol=1e-5)
+    assert stats["clip_frac"] == pytest.approx(want_clipped / n_tokens.item())
+    assert stats["kl"] == pytest.approx(want_kl / n_tokens.item(), rel=1e-6)
+    shares = [grpo_share(rows)[0] for rows in (slice(0, 3), slice(3, 4), slice(4, 7))]
+    assert sum(s.item() for s in shares) == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    torch.testing.assert_close(torch.autograd.grad(sum(shares), logp)[0], want_grad, atol=1e-7, rtol=1e-5)
+    if loss_agg != "const":  # without the counts grpo_loss divides by this call's rows and tokens
+        whole, _ = grpo.grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps, beta, loss_agg,
+                                  kl_ratio_correction=kl_ratio_correction)
+        assert whole.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+
+
+def plain_logprobs(model, batch, T, temperature):
+    """log softmax(logits / T)[token] of each row's completion from a plain forward pass of that row alone, its
+    left padding cut off: no grpo code, no padding, no cache."""
+    rows = []
+    for ids, attn in zip(batch["input_ids"], batch["attention_mask"]):
+        ids = ids[int((attn[:-T] == 0).sum()):]  # the prompt's left padding; pads after an EOS come after what counts
+        logits = model(input_ids=ids[None]).logits[0, -T - 1:-1].float()
+        rows.append(torch.log_softmax(logits / temperature, -1).gather(-1, ids[-T:, None]).squeeze(-1))
+    return torch.stack(rows)
+
+
+def test_mu_passes_equal_the_loop_loss_against_the_sampling_logprobs(tiny):
+    """mu = 2 at temperature 0.7, beta > 0, micro-batches of 3: in both passes loss and gradient equal loss_by_loop
+    on plain_logprobs, with old_logp the log-probs of the weights that sampled (taken before any update) and ref_logp
+    the reference's. In pass 2 the ratios have left 1 and some tokens are clipped."""
     model, tokenizer, eos_ids = tiny
-    batch = rollout(model, tokenizer, eos_ids)
+    model = copy.deepcopy(model)
+    torch.manual_seed(2)
+    batch = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, max_new_tokens=10,
+                          repeat=4, temperature=0.7)
     ref = copy.deepcopy(model)
-    T = batch["completion_mask"].shape[1]
-    model.zero_grad()
-    logp = grpo.completion_logprobs(model, batch["input_ids"], batch["attention_mask"], T, 1.0)
     with torch.no_grad():
-        ref_logp = grpo.completion_logprobs(ref, batch["input_ids"], batch["attention_mask"], T, 1.0)
-    loss, stats = grpo.grpo_loss(logp, logp.detach(), ref_logp, torch.zeros(8), batch["completion_mask"], beta=1.0)
-    loss.backward()
-    assert stats["kl"] == 0.0 and loss.item() == 0.0
-    assert all(p.grad.abs().max() == 0 for p in model.parameters())
+        for p in ref.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.3, -2.0, -0.3])
+    mask = batch["completion_mask"]
+    T = mask.shape[1]
+    args = args_for(micro_batch=3, mu=2, beta=0.1, clip_eps=0.05, temperature=0.7, max_new_tokens=10)
+    with torch.no_grad():
+        old_logp, ref_logp = plain_logprobs(model, batch, T, 0.7), plain_logprobs(ref, batch, T, 0.7)
+    cache = {}
+    for step in range(args.mu):
+        model.zero_grad()
+        stats = grpo.accumulate_gradients(model, ref, batch, adv, args, cache)
+        got = grads(model)
+        model.zero_grad()
+        logp = plain_logprobs(model, batch, T, 0.7)
+        want, clipped, _ = loss_by_loop(logp, old_logp, ref_logp, adv, mask, args.clip_eps, args.beta, "seq", 8,
+                                        mask.sum().item(), 10)
+        want.backward()
+        assert stats["loss"] == pytest.approx(want.item(), rel=1e-5, abs=1e-7), step
+        assert stats["clip_frac"] == pytest.approx(clipped / mask.sum().item()), step
+        for g, w in zip(got, grads(model)):
+            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+        with torch.no_grad():  # the update between the passes: plain SGD on grpo's gradient
+            for p, g in zip(model.parameters(), got):
+                p.add_(g, alpha=-0.5)
+    assert clipped > 0 and (logp - old_logp)[mask.bool()].abs().max() > 0.05
+
+
+@pytest.mark.parametrize("kl_ratio_correction", [False, True])
+def test_kl_term_by_hand_when_policy_differs_from_reference(kl_ratio_correction):
+    """adv = 0 and old = logp (mu = 1): only beta * k3 is left. Answer 1 has tokens with (pi, pi_ref) = (1/2, 1/4) and
+    (1/4, 1/2): k3 = ln 2 - 1/2 and 1 - ln 2, d k3 / d logp = 1 - pi_ref / pi = 1/2 and -1. Answer 2 has one token
+    with pi = pi_ref: k3 = 0, no gradient. seq loss = beta * (1/2 * 1/2 + 0) / 2 = beta / 8. With the ratio the value
+    is the same and the gradient gains k3 * d ratio / d logp = k3: ln 2 and -ln 2, times beta / 4."""
+    beta = 0.5
+    logp = torch.log(torch.tensor([[0.5, 0.25], [0.5, 0.9]])).requires_grad_()
+    ref_logp = torch.log(torch.tensor([[0.25, 0.5], [0.5, 0.1]]))
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # the masked token's pi != pi_ref must count for nothing
+    loss, stats = grpo.grpo_loss(logp, logp.detach(), ref_logp, torch.zeros(2), mask, beta=beta,
+                                 kl_ratio_correction=kl_ratio_correction)
+    assert loss.item() == pytest.approx(beta / 8, rel=1e-6)
+    assert stats["kl"] == pytest.approx(1 / 6, rel=1e-6)  # (ln 2 - 1/2 + 1 - ln 2 + 0) / 3 tokens
+    (g,) = torch.autograd.grad(loss, logp)
+    d = [math.log(2), -math.log(2)] if kl_ratio_correction else [0.5, -1.0]
+    torch.testing.assert_close(g, torch.tensor([[d[0] * beta / 4, d[1] * beta / 4], [0.0, 0.0]]), atol=1e-7, rtol=1e-6)
+    # and with pi = pi_ref everywhere both the value and the gradient vanish
+    loss, stats = grpo.grpo_loss(logp, logp.detach(), logp.detach(), torch.zeros(2), mask, beta=beta,
+                                 kl_ratio_correction=kl_ratio_correction)
+    assert loss.item() == 0.0 and stats["kl"] == 0.0 and torch.autograd.grad(loss, logp)[0].abs().max() == 0
 
 
 def test_k3_nonnegative_and_unbiased():
@@ -497,11 +753,14 @@ def test_k3_nonnegative_and_unbiased():
 
 
 def test_aggregate_by_hand():
-    loss_t = torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    """Two rows of a batch of n_seqs = 5 answers, n_tokens = 11 completion tokens, max_new_tokens = 4: every
+    denominator is the batch's, none is this micro-batch's (2 rows, 4 tokens, width 3); masked losses count for
+    nothing."""
+    loss_t = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    assert grpo.aggregate(loss_t, mask, "seq", 2, 4, 3).item() == pytest.approx((2.0 + 4.0) / 2)
-    assert grpo.aggregate(loss_t, mask, "token", 2, 4, 3).item() == pytest.approx(10.0 / 4)
-    assert grpo.aggregate(loss_t, mask, "const", 2, 4, 3).item() == pytest.approx(10.0 / 6)
+    assert grpo.aggregate(loss_t, mask, "seq", 5, 11, 4).item() == pytest.approx((6.0 / 3 + 4.0 / 1) / 5)
+    assert grpo.aggregate(loss_t, mask, "token", 5, 11, 4).item() == pytest.approx(10.0 / 11)
+    assert grpo.aggregate(loss_t, mask, "const", 5, 11, 4).item() == pytest.approx(10.0 / (5 * 4))
 
 
 @pytest.mark.parametrize("loss_agg", ["seq", "token", "const"])
@@ -789,6 +1048,62 @@ def test_grpo_learns_toy_task(tiny_dir, tmp_path):
     rewards = [x["reward_mean"] for x in map(json.loads, open(out / "metrics.jsonl")) if x["type"] == "train"]
     start, end = sum(rewards[:5]) / 5, sum(rewards[-10:]) / 10
     assert start < 0.2 and end > start + 0.3, (start, end)  # measured: start 0.05-0.07, end 0.5-1.0 (seeds 0-2)
+
+
+def test_every_logged_reward_is_against_its_own_question(tiny_dir, tmp_path, monkeypatch):
+    """train() on questions with different answers, the policy's texts faked: answer j to 'what is a + b?' is right
+    (a + b) for j < (a + b) % 5 and wrong (1000 + a + b, no question's answer) otherwise. Every reward train() hands
+    to group_advantages, and every logged reward statistic and eval accuracy, must be the one computed here from each
+    text's own question; a reward against another question's reference fails it."""
+    pairs = [(1, 2), (5, 5), (7, 7), (20, 3), (9, 2), (31, 8), (2, 0), (6, 6), (40, 0)]  # 9 different sums: 3 steps
+    rows = [{"question": f"what is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"} for a, b in pairs]
+    data = write_data(tmp_path / "d", rows, rows[:5])
+    calls, seen_rewards = [], []  # (prompts, repeat) of each generate call; rewards given to group_advantages
+    real_generate, real_advantages = grpo.generate, grpo.group_advantages
+
+    def spy_generate(model, tokenizer, prompts, *args, repeat=1, **kwargs):
+        calls.append((list(prompts), repeat))
+        return real_generate(model, tokenizer, prompts, *args, repeat=repeat, **kwargs)
+
+    def right(prompt, j):
+        a, b = map(int, re.search(r"what is (\d+) \+ (\d+)\?", prompt).groups())
+        return j < (a + b) % 5, a + b
+
+    def fake_texts(tokenizer, out):
+        prompts, repeat = calls[-1]
+        assert len(out["completion_ids"]) == len(prompts) * repeat
+        texts = []
+        for row in range(len(prompts) * repeat):
+            ok, total = right(prompts[row // repeat], row % repeat)
+            texts.append(f"so it is {total}\n#### {total}" if ok else f"i think 7\n#### {1000 + total}")
+        return texts
+
+    monkeypatch.setattr(grpo, "generate", spy_generate)
+    monkeypatch.setattr(grpo, "decode_completions", fake_texts)
+    monkeypatch.setattr(grpo, "group_advantages", lambda r, *a, **k: seen_rewards.append(r.tolist()) or
+                        real_advantages(r, *a, **k))
+    out = tmp_path / "run"
+    G = 4
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", str(G), "--batch-prompts", "3",
+                              "--steps", "3", "--max-new-tokens", "4", "--micro-batch", "12", "--beta", "0.0",
+                              "--eval-every", "0", "--eval-n", "5", "--out", str(out)]))
+    train_calls = [c for c in calls if c[1] == G]
+    assert len(train_calls) == len(seen_rewards) == 3
+    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    logged = [x for x in lines if x["type"] == "train"]
+    for (prompts, _), got, line in zip(train_calls, seen_rewards, logged):
+        assert len({right(p, 0)[1] for p in prompts}) == 3  # three questions with three different answers
+        want = [float(right(prompts[i], j)[0]) for i in range(3) for j in range(G)]
+        assert got == want
+        groups = [want[i * G:(i + 1) * G] for i in range(3)]
+        assert line["reward_mean"] == pytest.approx(sum(want) / len(want))
+        assert line["reward_std"] == pytest.approx(statistics.stdev(want))
+        assert line["frac_all_correct"] == pytest.approx(sum(min(g) == 1 for g in groups) / 3)
+        assert line["frac_all_wrong"] == pytest.approx(sum(max(g) == 0 for g in groups) / 3)
+    assert {x for got in seen_rewards for x in got} == {0.0, 1.0}
+    evals = [x for x in lines if x["type"] == "eval"]
+    want_acc = sum(right(f"what is {a} + {b}?", 0)[0] for a, b in pairs[:5]) / 5  # answer 0 to each test question
+    assert [x["acc_lenient"] for x in evals] == [pytest.approx(want_acc)] * 2 and 0 < want_acc < 1
 
 
 def test_smollm2_one_step_offline(tmp_path):
