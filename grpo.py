@@ -87,9 +87,9 @@ def build_parser():
                    help="'gsm8k' (openai/gsm8k from the Hub), a directory with train.jsonl and "
                         "test.jsonl in GSM8K format, or 'arith' (easy word problems made offline from --seed)")
     # the algorithm
-    p.add_argument("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce"],
+    p.add_argument("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce", "negative"],
                    help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean with --loss-agg const; "
-                        "reinforce r (no baseline)")
+                        "reinforce r (no baseline); negative r-1 (only wrong answers are pushed, down)")
     p.add_argument("--G", type=number(int, 2), default=8,
                    help="group size: answers sampled per question, at least 2 (a group of one has no baseline)")
     p.add_argument("--batch-prompts", type=count, default=4, help="B: questions per step (B*G sequences)")
@@ -419,11 +419,15 @@ def group_advantages(rewards, G, algo="grpo", eps=1e-4):
 
     grpo:      (r - mean_g) / (std_g + eps)  std with Bessel's correction, as TRL and CS336 use
     drgrpo:    r - mean_g                    no std division (which up-weights nearly all-right or all-wrong groups)
-    reinforce: r                             no baseline at all
-    A group whose rewards are all equal gets adv 0 under grpo and drgrpo (not NaN): it has no signal.
+    reinforce: r                             no baseline: with a 0/1 reward only right answers are pushed (up)
+    negative:  r - 1                         the other half: only wrong answers are pushed (down), right ones get 0
+    grpo pushes both ways, normalized per group. A group whose rewards are all equal gets adv 0 under grpo and
+    drgrpo (not NaN): it has no signal.
     """
     if algo == "reinforce":
         return rewards.clone()
+    if algo == "negative":  # 1 is the reward's maximum: Zhu et al. 2025's negative sample reinforcement
+        return rewards - 1
     r = rewards.view(-1, G)
     adv = r - r.mean(1, keepdim=True)
     if algo == "grpo":

@@ -155,6 +155,16 @@ def test_advantages_reinforce_and_drgrpo():
     assert grpo.group_advantages(r, G=3, algo="reinforce").tolist() == r.tolist()
     dr = grpo.group_advantages(r, G=3, algo="drgrpo")
     assert dr.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
+    assert grpo.group_advantages(r, G=3, algo="negative").tolist() == [0.0, -1.0, -1.0, 0.0, 0.0, 0.0]
+
+
+def test_positive_and_negative_halves_add_up_to_a_centred_baseline():
+    """With a 0/1 reward, reinforce (right answers up) plus negative (wrong answers down) is 2r - 1: a constant
+    baseline of 1/2, which equals drgrpo's r - mean exactly in groups that are half right."""
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+    both = grpo.group_advantages(r, G=4, algo="reinforce") + grpo.group_advantages(r, G=4, algo="negative")
+    assert both.tolist() == (2 * r - 1).tolist()
+    assert (both[:4] / 2).tolist() == grpo.group_advantages(r, G=4, algo="drgrpo")[:4].tolist()
 
 
 def test_advantages_shape_for_B_times_G():
@@ -932,7 +942,7 @@ def test_on_device_train_two_steps(tiny_dir, data_dir, tmp_path):
 
 # ------------------------------------------------------------------ end to end
 
-@pytest.mark.parametrize("algo", ["grpo", "reinforce"])
+@pytest.mark.parametrize("algo", ["grpo", "reinforce", "negative"])
 def test_cli_end_to_end(tiny_dir, data_dir, tmp_path, algo):
     out = tmp_path / "run"
     r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--algo", algo, "--G", "4", "--batch-prompts", "2",
