@@ -152,14 +152,24 @@ def build_parser():
 
 
 def get_args(argv=None):
+    """The settings the run will use: the flags (with --resume, the saved run's), resolved."""
     p = build_parser()
     args = p.parse_args(argv)
     if args.resume:
         args = resumed_args(p, argv, args.resume)
+    return resolve(args)
+
+
+def resolve(args):
+    """Every derived value, filled in here and nowhere else: what the run will actually use, and what the config
+    line records. check_args checks the result before anything is loaded."""
     if args.loss_agg is None:  # Dr. GRPO's point is to remove both normalizations; the paper's default is seq
         args.loss_agg = "const" if args.algo == "drgrpo" else "seq"
     if args.eval_temperature is None:
         args.eval_temperature = args.temperature
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.dtype = resolve_dtype(args.dtype, args.device)  # the config line records what ran, not 'auto'
     return args
 
 
@@ -1176,8 +1186,6 @@ def check_args(args):
     if args.batch_prompts % world_size:
         raise ConfigError(f"--batch-prompts {args.batch_prompts} must be divisible by the {world_size} processes "
                           f"torchrun started: each one answers B/{world_size} of the questions")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(args.device)
     except RuntimeError:
@@ -1196,7 +1204,6 @@ def check_args(args):
         if int(os.environ.get("LOCAL_RANK", 0)) >= torch.cuda.device_count():
             raise ConfigError(f"torchrun started more processes on this node than the {torch.cuda.device_count()} "
                               "GPU(s) torch sees; lower --nproc_per_node")
-    args.dtype = resolve_dtype(args.dtype, device)  # the config line records what ran, not 'auto'
     if args.wandb:
         try:
             importlib.import_module("wandb")  # now, not after minutes of loading
@@ -1218,7 +1225,7 @@ def resolve_dtype(dtype, device):
     AMX, where a bf16 matmul is ~5x faster than fp32), float32 elsewhere, where bf16 would be emulated and slower."""
     if dtype != "auto":
         return dtype
-    if device.type == "cuda":
+    if str(device).startswith("cuda"):  # a string or a torch.device; check_args rejects a GPU torch cannot see
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     # torch reports the CPU's instruction set extensions only through these private helpers (torch >= 2.1)
     native = [getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
