@@ -213,13 +213,11 @@ def draw_questions(rows, state, rng, n):
     return questions
 
 
-# Measured on SmolLM2-135M, 24 arith questions, greedy: "solve step by step" rambled past 64 tokens in 79% of
-# answers and never wrote '####'; this wording ended 71% of answers in time and 12% in the strict format.
+# Brief work, then the strict format: "solve step by step" made small models ramble past the token limit.
 INSTRUCTION = "Show your work briefly, then write the final answer on its own line as '#### <number>'."
 
 
-# A base model answers after "Answer:" and then writes the next "Question:" itself: its answer ends there, as in
-# lm-evaluation-harness's GSM8K task.
+# A base model goes on to write the next "Question:" itself; its answer ends there (as in lm-evaluation-harness).
 BASE_STOP = "Question:"
 
 
@@ -292,26 +290,20 @@ def reward(completion, ref, strict=False):
 # Group sampling: B questions, G answers each, one prompt pass per question. -----------------------
 
 def autocast(device, dtype):
-    """Matmuls in `dtype` ('bfloat16' or 'float32'); the weights stay fp32, so AdamW updates them in full precision.
-    Inside one autocast region a weight that requires grad is cast once and the copy reused (by every decode step);
-    the frozen reference's weights are cast again on each call, which is once per micro-batch."""
+    """Matmuls in `dtype` ('bfloat16' or 'float32'); the weights stay fp32, so AdamW updates them in full precision."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, temperature=None, dtype="float32",
              generator=None):
-    """Left-padded batched sampling with a KV cache; temperature=None is greedy decoding; matmuls in `dtype`.
-
-    Each prompt goes through the model once and its `repeat` answers share its keys and values, so
-    a group of G answers costs one prompt pass, not G. Tokens are drawn from softmax(logits / T) over
-    the whole vocabulary (no top-k, top-p or repetition penalty): exactly the distribution whose
-    log-probs the loss uses. An answer ends with its first EOS or, for a base model, with the token that
-    completes BASE_STOP; that row then leaves the batch and the cache, so decoding costs the tokens actually
-    generated. Returns input_ids (prompt + completion), attention_mask, completion_ids (padded after the end),
-    completion_mask (1 up to and including the ending token: it is the action 'stop here', and without its
-    gradient the model never learns to stop), truncated (no end within max_new_tokens) and sampler_logp (each
-    token's log-prob under the distribution it was drawn from), one row per prompt repeated `repeat` times.
+    """`repeat` answers to each prompt, sampled from softmax(logits / temperature) over the whole vocabulary (no
+    top-k, top-p or repetition penalty: the distribution whose log-probs the loss uses); greedy if temperature is
+    None. Each prompt goes through the model once and its answers share its KV cache. An answer ends with its first
+    EOS or, for a base model, the token that completes BASE_STOP, and then leaves the batch.
+    Returns, one row per answer: input_ids (prompt + completion), attention_mask, completion_ids, completion_mask
+    (1 up to and including the ending token: without its gradient the model never learns to stop), truncated (no
+    end within max_new_tokens) and sampler_logp (each token's log-prob under the distribution it was drawn from).
     """
     enc = tokenizer(prompts, return_tensors="pt", padding=True,
                     add_special_tokens=not tokenizer.chat_template)  # the template already holds any BOS
@@ -371,12 +363,9 @@ def positions(attention_mask):
 
 
 def prompt_pass(model, prompt_ids, prompt_mask, rows):
-    """Each distinct prompt through the model once; row i of the result continues prompt rows[i].
-
-    Returns the logits at each prompt's last token (they predict the first answer token), and a KV
-    cache holding the prompt's keys and values once per output row. Indexing the cache is part of
-    the autograd graph, so with gradients on, all rows' gradients flow back into the one prompt pass.
-    """
+    """Each distinct prompt through the model once; row i of the result continues prompt rows[i]. Returns the
+    logits that predict each row's first answer token and a KV cache with one copy of its prompt per row (the
+    copies are indexed in the autograd graph, so all rows' gradients flow back into the one prompt pass)."""
     from transformers import DynamicCache
     cache = DynamicCache()
     logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
@@ -396,15 +385,9 @@ def decode_completions(tokenizer, out):
 # Log-probs of the completion tokens (and the policy's entropy, a diagnostic). ---------------------
 
 def completion_logits(model, input_ids, attention_mask, n_completion, share_prompts=True, dtype="float32"):
-    """The logits that predict the last n_completion tokens of each row: (rows, n_completion, vocab).
-
-    Left padding shifts where each prompt starts, so positions are counted from the first real
-    token: a row's logits do not depend on how long the other prompts in the batch are.
-    The G answers to a question start with the same prompt; with share_prompts, each run of equal
-    prompts goes through the model once (prompt_pass) and its answers attend to its cached keys and
-    values, which at this project's sizes halves the tokens of the forward and backward passes.
-    Gradient checkpointing discards caches, so it needs share_prompts=False: whole rows, one pass.
-    """
+    """The logits that predict the last n_completion tokens of each row: (rows, n_completion, vocab). With
+    share_prompts, a question's G rows share one pass over its prompt (prompt_pass) and attend to its KV cache;
+    gradient checkpointing discards caches, so it needs share_prompts=False: whole rows, one pass."""
     P = input_ids.shape[1] - n_completion
     # logits at t predict token t+1, so the last token, which predicts nothing, is not fed
     ids, mask, pos = input_ids[:, :-1], attention_mask[:, :-1], positions(attention_mask)[:, :-1]
@@ -436,8 +419,8 @@ def token_logprobs(logits, targets, temperature):
 
 @torch.no_grad()
 def token_entropy(logits, temperature):
-    """Entropy in nats of softmax(logits / temperature) per position: how spread the sampling distribution still is.
-    A diagnostic only (no gradient); a policy whose entropy collapses has stopped exploring."""
+    """Entropy in nats of softmax(logits / temperature) per position; a policy whose entropy collapses has stopped
+    exploring. A diagnostic only (no gradient)."""
     logp = torch.log_softmax(logits.float() / temperature, -1)
     return -(logp.exp() * logp).sum(-1)
 
@@ -486,14 +469,9 @@ def k3_kl(logp, ref_logp):
 
 
 def per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta, kl_ratio_correction=False):
-    """All (N, T) but adv (N,). Returns the per-token policy-gradient term and beta-weighted KL term (the loss is
-    their sum), the k3 KL and the clipped tokens' mask.
-
-    The KL term: with tokens sampled from pi_old = pi_theta, E[grad k3] = grad KL(pi_ref || pi_theta), the
-    paper's term as written. Multiplying k3 by the ratio (value 1, gradient grad log pi_theta, at mu = 1) adds
-    E[k3 * grad log pi_theta], and the sum is grad KL(pi_theta || pi_ref), the KL the paper names (TRL's
-    use_bias_correction_kl). Both vanish at pi_theta = pi_ref; test_grpo.py checks both expectations exactly.
-    """
+    """All (N, T) but adv (N,). Returns the per-token policy-gradient and beta-weighted KL terms (the loss is their
+    sum), the k3 KL and the clipped tokens' mask. The ratio on k3 (value 1 at mu = 1) turns the KL term's gradient
+    from that of KL(pi_ref || pi_theta) into that of KL(pi_theta || pi_ref) (TRL's use_bias_correction_kl)."""
     ratio = torch.exp(logp - old_logp)
     adv = adv.unsqueeze(1)
     surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
@@ -504,11 +482,8 @@ def per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta, kl_ratio_corre
 
 
 def aggregate(loss_t, mask, loss_agg, n_seqs, n_tokens, max_new_tokens):
-    """Reduce per-token losses to this micro-batch's share of the batch loss.
-
-    The denominators are the whole batch's (n_seqs sequences, n_tokens completion tokens), so the
-    shares of all micro-batches add up to exactly the full-batch loss, whatever the micro-batch size.
-    """
+    """This micro-batch's share of the batch loss. The denominators are the whole batch's (n_seqs sequences,
+    n_tokens completion tokens), so the shares add up to the full-batch loss, whatever the micro-batch size."""
     if loss_agg == "seq":    # the paper: 1/G sum_i 1/|o_i| sum_t
         return ((loss_t * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / n_seqs
     if loss_agg == "token":  # DAPO: every token weighs the same, long answers are not down-weighted
@@ -537,17 +512,14 @@ def grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps=0.2, beta=0.04, loss
 # One training step: gradients over micro-batches, then one AdamW update per pass (mu passes). -----
 
 def accumulate_gradients(model, ref_model, batch, adv, args, cache):
-    """Backward the full-batch loss in micro-batches of --micro-batch sequences (the last may be smaller).
-    `cache` keeps each micro-batch's old_logp and ref_logp from the first pass: at that point the weights are
-    still the sampling weights, so the detached log-probs ARE pi_old: no extra forward pass, and with mu == 1
-    the ratio is exactly 1 (the same numbers, in any --dtype)."""
+    """Backward the full-batch loss in micro-batches of --micro-batch sequences. `cache` keeps each micro-batch's
+    old_logp and ref_logp from the first pass, when the weights are still the sampling weights: the detached
+    log-probs ARE pi_old, with no extra forward pass, and at mu == 1 the ratio is exactly 1."""
     ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
     N, T = mask.shape
     size = min(args.micro_batch, N)
-    # Under torchrun this rank holds N = B*G/W of the sequences and DDP averages the W ranks' gradients.
-    # seq and const divide by this rank's N, equal on all ranks: (1/W) sum_r S_r / N = sum S_r / (B*G), the
-    # one-process loss. token must divide by all T tokens of the batch; dividing by their mean per rank, T/W,
-    # gives (1/W) sum_r S_r / (T/W) = sum S_r / T. In one process, n_tokens is this batch's own count.
+    # DDP averages the W ranks' gradients, so token divides by the mean token count per rank: (1/W) sum_r S_r / (T/W)
+    # = sum_r S_r / T. seq and const divide by this rank's N = B*G/W, which gives the one-process loss as it is.
     n_tokens = all_reduce(mask.sum()) / rank_and_world()[1]
     totals = {"loss": 0.0, "pg_loss": 0.0, "kl_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
     for k, start in enumerate(range(0, N, size)):
@@ -578,9 +550,8 @@ def accumulate_gradients(model, ref_model, batch, adv, args, cache):
 
 
 def train_step(model, ref_model, optimizer, batch, adv, args):
-    """mu AdamW updates on one batch of rollouts. An update whose loss or gradient norm is NaN or inf is
-    skipped, with the step's remaining passes: one such step would put NaN into every weight and into
-    AdamW's moments for good. Returns the mean diagnostics and update_skipped."""
+    """mu AdamW updates on one batch of rollouts. An update with a NaN or inf loss or gradient norm is skipped,
+    with the step's remaining passes: it would put NaN into the weights and AdamW's moments for good."""
     model.train(args.grad_checkpointing)  # HF checkpoints only in train mode; dropout is zero either way
     cache, history, skipped = {}, [], False
     for _ in range(args.mu):
@@ -589,8 +560,7 @@ def train_step(model, ref_model, optimizer, batch, adv, args):
         # clip_grad_norm_ returns the norm before clipping: the number worth watching
         stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
         history.append(stats)
-        # Under torchrun the loss is averaged over ranks and the gradients all-reduced, so a NaN on any rank is a
-        # NaN on all of them: every rank skips the same updates and none steps alone.
+        # loss and gradients are averaged over ranks: a NaN on one rank is on all, and all skip together
         if not (math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])):
             optimizer.zero_grad(set_to_none=True)  # no step: weights and optimizer state stay as they were
             skipped = True
@@ -603,8 +573,8 @@ def train_step(model, ref_model, optimizer, batch, adv, args):
 
 
 def sampler_logp_gap(sampler_logp, old_logp, mask):
-    """Mean and max over completion tokens (of all ranks) of |sampler's log-prob - old_logp|: how far the policy
-    that sampled (incremental decoding) is from the pi_old the loss uses (a full forward pass). ~0 in fp32."""
+    """Mean and max over completion tokens of |sampler's log-prob - old_logp|: how far the decoding loop's policy
+    is from the pi_old that a full forward pass gives the loss."""
     gap = (sampler_logp - old_logp).abs() * mask
     per_row = gather_rows(torch.stack([gap.sum(1), mask.sum(1).float(), gap.max(1).values], 1))
     return {"sampler_logp_gap": (per_row[:, 0].sum() / per_row[:, 1].sum().clamp(min=1)).item(),
@@ -614,10 +584,8 @@ def sampler_logp_gap(sampler_logp, old_logp, mask):
 # Evaluation on held-out test questions only: greedy accuracy, and pass@k and maj@K of K sampled answers. -----
 
 def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3):
-    """Accuracy of the greedy answer to each of the first --eval-n test questions, and with --eval-samples K, pass@k
-    and maj@K of K answers per question sampled at --eval-temperature from a generator of its own, so the training
-    run draws the same random numbers with or without it. Under torchrun each rank answers its share of the
-    questions and the results are gathered in question order; `samples` are the first n_samples greedy answers."""
+    """Greedy accuracy on the first --eval-n test questions; with --eval-samples K also pass@k and maj@K of K
+    answers sampled from a generator of its own, so training draws the same random numbers with or without it."""
     model.eval()
     rows = rows[:args.eval_n]
     mine = rank_share(rows)
@@ -684,9 +652,8 @@ def majority_correct(answers, ref):
 # The main loop: draw B questions -> sample G answers each -> rewards -> group advantages -> mu updates. ----
 
 def train(args):
-    """GRPO as the paper's Algorithm 1 runs it, with the reference fixed to the starting policy: each step draws
-    B questions, samples G answers to each from the current policy, rewards them, turns the rewards into group-
-    relative advantages and makes mu AdamW updates on that batch. `run` does the bookkeeping around it."""
+    """GRPO as the paper's Algorithm 1 runs it, the reference fixed to the starting policy. `run` does the
+    bookkeeping around it."""
     check_args(args)
     device = init_distributed(torch.device(args.device))  # under torchrun: join the other ranks, take this rank's GPU
     random.seed(args.seed)
@@ -745,8 +712,8 @@ def train(args):
 
 
 def step_metrics(rewards, batch, stats, G, t0, gen_s):
-    """What a practitioner reads every step, over all B*G answers (under torchrun every rank's, in order).
-    A group whose rewards are all equal (all right or all wrong) has zero advantages: it teaches nothing."""
+    """What a practitioner reads every step, over all B*G answers. A group whose rewards are all equal (all right or
+    all wrong) has zero advantages: it teaches nothing."""
     rewards, lengths, truncated = gather_rows(torch.stack(
         [rewards, batch["completion_mask"].sum(1).float(), batch["truncated"].float()], 1)).unbind(1)
     groups = rewards.view(-1, G)
@@ -1222,7 +1189,7 @@ def check_args(args):
 
 def resolve_dtype(dtype, device):
     """--dtype auto: bfloat16 where the hardware multiplies in it natively (bf16 GPUs; CPUs with AVX512-BF16 or
-    AMX, where a bf16 matmul is ~5x faster than fp32), float32 elsewhere, where bf16 would be emulated and slower."""
+    AMX), float32 elsewhere, where bf16 would be emulated and slower."""
     if dtype != "auto":
         return dtype
     if str(device).startswith("cuda"):  # a string or a torch.device; check_args rejects a GPU torch cannot see
@@ -1376,16 +1343,12 @@ def barrier():
 
 
 def leave_process_group(status=0):
-    """At a clean end, on every rank; under torchrun this also ends the process with `status`. The barrier keeps
-    a rank from closing its connections while another still reads from them (rank 0 saving the model, say). Not
-    after an error on one rank: the others may be inside a collective, where destroying can hang; torchrun ends
-    them once this rank exits."""
+    """Under torchrun, at a clean end on every rank: leave together and end the process with `status`. Not after
+    an error on one rank: the others may be inside a collective, where destroying hangs."""
     if rank_and_world()[1] > 1:
-        dist.barrier()
+        dist.barrier()  # no rank closes its connections while another still reads from them
         dist.destroy_process_group()
-        # Everything is written and closed by now. A normal exit would go on to tear down torch's C++ state, and
-        # there, after the last Python frame, a gloo rank now and then aborts ("terminate called without an
-        # active exception"; 2 in 140 two-rank runs of a tiny model here), which torchrun reports as a failed run.
+        # os._exit: tearing down torch's C++ state at a normal exit sometimes aborts a gloo rank (README.md)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)

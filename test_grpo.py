@@ -25,9 +25,8 @@ from hypothesis import strategies as st
 import grpo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The models here are tiny: one thread is faster, and on a busy 2-core machine two OpenMP threads waiting on
-# each other made a tiny step take 2-4 s instead of 0.03 s (measured). Subprocesses get it via OMP_NUM_THREADS;
-# it also keeps in-process and subprocess runs bitwise comparable.
+# One thread: faster for tiny models (README.md, Tests), and in-process and subprocess runs (OMP_NUM_THREADS) agree
+# bit for bit.
 torch.set_num_threads(1)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz ?.:#+-*=,$\n"
@@ -953,7 +952,7 @@ def test_cli_end_to_end(tiny_dir, data_dir, tmp_path, algo):
     out = tmp_path / "run"
     r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--algo", algo, "--G", "4", "--batch-prompts", "2",
                 "--steps", "2", "--max-new-tokens", "8", "--micro-batch", "4", "--eval-every", "1", "--eval-n", "4",
-                "--lr", "1e-3", "--seed", "2", "--out", str(out))  # seed 2: a rewarded answer at step 1 (measured)
+                "--lr", "1e-3", "--seed", "2", "--out", str(out))  # seed 2: a rewarded answer at step 1
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert lines[0]["type"] == "config" and lines[0]["algo"] == algo and lines[0]["G"] == 4
