@@ -27,18 +27,14 @@ Task: GSM8K grade-school math. Reward 1.0 if the answer's final number equals th
 after the last `####`, or, unless --strict-reward, the last number in the text. Nothing else (no format bonus, no
 length penalty) is mixed into the reward.
 
-Run it (README.md has the set-up, the offline quick start and torchrun):
-    python grpo.py --G 8 --algo grpo                      # one GPU, Qwen2.5-0.5B-Instruct on GSM8K
-    python grpo.py --G 8 --algo reinforce                 # the ablation, same settings
-    python grpo.py --resume runs/grpo                     # continue a run stopped by Ctrl-C, SIGTERM or a kill
+Run it: `python grpo.py --G 8 --algo grpo` (README.md has the offline quick start, torchrun and every flag).
 
 Reading order: config -> data -> reward -> group sampling -> log-probs -> advantages -> loss -> one training step
 -> evaluation -> the main loop (`train`). After it comes the infrastructure (loading, the run's bookkeeping and
 checkpoints, flag checks, torchrun, stop signals), each part reached from the loop by one call.
 
-Deliberately left out, to keep the algorithm in view: a value model (that is the point of GRPO), vLLM or any other
-inference engine (`generate` is a short sampling loop over the model's forward pass), LoRA, learning-rate
-schedules, sharding the model over GPUs (FSDP, tensor parallelism), reward models and format rewards.
+Left out to keep the algorithm in view: a value model (the point of GRPO), inference engines (`generate` is a short
+loop over the model's forward pass), LoRA, learning-rate schedules, sharding over GPUs, reward models.
 """
 
 import argparse
@@ -548,36 +544,29 @@ def sampler_logp_gap(sampler_logp, old_logp, mask):
 
 def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3):
     """Greedy accuracy on the first --eval-n test questions; with --eval-samples K, pass@k and maj@K of K answers
-    sampled from a generator of its own (training draws the same random numbers with or without it)."""
+    sampled from a generator of its own (training draws the same random numbers with or without it). Each rank
+    answers its share of the questions."""
     model.eval()
-    rows = rows[:args.eval_n]
+    rows, K = rows[:args.eval_n], args.eval_samples
     mine = rank_share(rows)
     greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, shots, 1, None)]
-    results = [{"strict": reward(text, row["ref"], strict=True), "lenient": reward(text, row["ref"])}
-               for text, row in zip(greedy, mine)]
-    if args.eval_samples:
+    sampled = [[] for _ in mine]
+    if K:
         generator = torch.Generator(next(model.parameters()).device).manual_seed(args.seed + 1000 * rank_and_world()[0])
-        sampled = answer(model, tokenizer, mine, eos_ids, args, shots, args.eval_samples, args.eval_temperature,
-                         generator)
-        for result, texts, row in zip(results, sampled, mine):
-            for strict, suffix in ((False, ""), (True, "_strict")):
-                answers = [extract_answer(text, strict) for text in texts]
-                result["correct" + suffix] = sum(answers_equal(a, row["ref"]) for a in answers)
-                result["maj" + suffix] = majority_correct(answers, row["ref"])
-    results = [r for rank_results in gather_objects(results) for r in rank_results]
+        sampled = answer(model, tokenizer, mine, eos_ids, args, shots, K, args.eval_temperature, generator)
+    greedy, sampled = ([x for part in gather_objects(texts) for x in part] for texts in (greedy, sampled))
+    refs = [row["ref"] for row in rows]
+    metrics = {"acc_strict": sum(reward(text, ref, strict=True) for text, ref in zip(greedy, refs)) / len(rows),
+               "acc_lenient": sum(reward(text, ref) for text, ref in zip(greedy, refs)) / len(rows), "n": len(rows)}
+    for strict, suffix in ((False, ""), (True, "_strict")) if K else ():
+        answers = [[extract_answer(text, strict) for text in texts] for texts in sampled]
+        correct = [sum(answers_equal(a, ref) for a in found) for found, ref in zip(answers, refs)]
+        for k in sorted({2 ** i for i in range(K.bit_length())} | {K}):
+            metrics[f"pass@{k}{suffix}"] = sum(pass_at_k(K, c, k) for c in correct) / len(rows)
+        metrics[f"maj@{K}{suffix}"] = sum(majority_correct(a, ref) for a, ref in zip(answers, refs)) / len(rows)
+        metrics["correct" + suffix] = correct  # per question: any pass@k, or a bootstrap CI, can be recomputed
     samples = [{"question": row["question"], "completion": text, "ref": row["ref"]}
-               for row, text in zip(mine[:n_samples], greedy)]
-    samples = [x for rank_samples in gather_objects(samples) for x in rank_samples][:n_samples]
-    metrics = {"acc_strict": sum(r["strict"] for r in results) / len(rows),
-               "acc_lenient": sum(r["lenient"] for r in results) / len(rows), "n": len(rows)}
-    if args.eval_samples:
-        K = args.eval_samples
-        for suffix in ("", "_strict"):
-            correct = [r["correct" + suffix] for r in results]
-            for k in sorted({2 ** i for i in range(K.bit_length()) if 2 ** i <= K} | {K}):
-                metrics[f"pass@{k}{suffix}"] = sum(pass_at_k(K, c, k) for c in correct) / len(rows)
-            metrics[f"maj@{K}{suffix}"] = sum(r["maj" + suffix] for r in results) / len(rows)
-            metrics["correct" + suffix] = correct  # per question: any pass@k, or a bootstrap CI, can be recomputed
+               for row, text in zip(rows[:n_samples], greedy)]
     return {**metrics, "samples": samples}
 
 
@@ -626,9 +615,7 @@ def train(args):
     if args.fewshot and tokenizer.chat_template:
         raise ConfigError(f"--fewshot is for models without a chat template; {args.model} has one: drop --fewshot")
     shots, train_rows, fewshot_rows = fewshot_prefix(train_rows, args.fewshot, args.seed)
-    train_rows, test_rows, n_too_long = drop_too_long(train_rows, test_rows, model, tokenizer, args.max_new_tokens,
-                                                      shots)
-    check_eval_n(args.eval_n, test_rows)
+    train_rows, test_rows, n_too_long = drop_too_long((train_rows, test_rows), model, tokenizer, args, shots)
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
     # The reference is the starting policy, frozen. With beta == 0 the KL term vanishes: skip the copy.
@@ -894,10 +881,7 @@ class Run:
     """The bookkeeping on every rank (rank 0 writes): state, metrics.jsonl, wandb, progress, checkpoints, the end."""
 
     def __init__(self, args, model, tokenizer, optimizer, data_sizes):
-        self.args = args
-        self.model = model
-        self.tokenizer = tokenizer
-        self.optimizer = optimizer
+        self.args, self.model, self.tokenizer, self.optimizer = args, model, tokenizer, optimizer
         self.rank, self.world_size = rank_and_world()
         self.data_rng = random.Random(args.seed)  # the same on every rank: all ranks draw the same B questions
         # order/pos: this epoch's pass over the training set; nonfinite: skipped updates in a row
@@ -1138,11 +1122,9 @@ def check_args(args):
     if device is None or device.type not in ("cpu", "cuda"):
         raise ConfigError(f"--device {args.device!r} is not a device this script runs on; "
                           "use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"--device {args.device} asked for, but torch sees no CUDA GPU; use --device cpu")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ConfigError(f"--device {args.device}: torch sees only {torch.cuda.device_count()} GPU(s); use cuda:0 .. "
-                          f"cuda:{torch.cuda.device_count() - 1}")
+        raise ConfigError(f"--device {args.device}: torch sees {torch.cuda.device_count()} CUDA GPU(s); use "
+                          + (f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}" if torch.cuda.is_available() else "cpu"))
     if world_size > 1 and device.type == "cuda":
         if device.index is not None:
             raise ConfigError(f"--device {args.device}: under torchrun each process takes the GPU of its LOCAL_RANK; "
@@ -1192,34 +1174,28 @@ def check_out(out):
         raise ConfigError(f"--out {out} cannot be written: no write permission in {parent}; pick another --out")
 
 
-def drop_too_long(train_rows, test_rows, model, tokenizer, max_new_tokens, shots=""):
-    """Drop (and count) the questions that cannot be answered within the model's context; stop if none is left."""
-    limit = context_limit(model)
-    kept = [fits_context(rows, tokenizer, limit, max_new_tokens, shots) for rows in (train_rows, test_rows)]
-    dropped = {"train": len(train_rows) - len(kept[0]), "test": len(test_rows) - len(kept[1])}
-    for split, rows in zip(dropped, kept):
-        if not rows:
+def drop_too_long(splits, model, tokenizer, args, shots):
+    """Per split, the questions whose prompt + --max-new-tokens fits the model's positions, and how many were
+    dropped: found at start-up, in seconds, not when step 3000 draws a long one."""
+    limit, kept, dropped = context_limit(model), [], {}
+    for split, rows in zip(("train", "test"), splits):
+        fits = rows
+        if limit:
+            prompts = [build_prompt(tokenizer, r["question"], shots) for r in rows]
+            encoded = tokenizer(prompts, add_special_tokens=not tokenizer.chat_template).input_ids
+            fits = [r for r, ids in zip(rows, encoded) if len(ids) + args.max_new_tokens <= limit]
+        if not fits:
             raise ConfigError(f"no {split} question fits the model's {limit} positions with --max-new-tokens "
-                              f"{max_new_tokens}; lower --max-new-tokens")
+                              f"{args.max_new_tokens}; lower --max-new-tokens")
+        dropped[split] = len(rows) - len(fits)
+        kept.append(fits)
     if any(dropped.values()):
         note(f"note: dropped {dropped['train']} train and {dropped['test']} test questions whose prompt + "
-             f"--max-new-tokens {max_new_tokens} exceeds the model's {limit} positions")
+             f"--max-new-tokens {args.max_new_tokens} exceeds the model's {limit} positions")
+    if args.eval_n > len(kept[1]):
+        note(f"note: --eval-n {args.eval_n} is more than the {len(kept[1])} test questions; "
+             f"evaluating on all {len(kept[1])}")
     return kept[0], kept[1], dropped
-
-
-def check_eval_n(eval_n, test_rows):
-    if eval_n > len(test_rows):
-        note(f"note: --eval-n {eval_n} is more than the {len(test_rows)} test questions; "
-             f"evaluating on all {len(test_rows)}")
-
-
-def fits_context(rows, tokenizer, limit, max_new_tokens, shots=""):
-    """The rows whose prompt plus max_new_tokens fits: checked at start-up, not when step 3000 draws them."""
-    if not limit:
-        return rows
-    prompts = [build_prompt(tokenizer, r["question"], shots) for r in rows]
-    lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=not tokenizer.chat_template).input_ids]
-    return [r for r, n in zip(rows, lengths) if n + max_new_tokens <= limit]
 
 
 # Several GPUs or nodes: `torchrun` starts one process (rank) per GPU, each with a whole copy of the model (DDP).
@@ -1264,38 +1240,25 @@ def rank_share(items):
     return items[rank * len(items) // world_size:(rank + 1) * len(items) // world_size]
 
 
-def _comm_device():
-    """Where collectives take their tensors: the current GPU for nccl, the CPU for gloo."""
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
 def all_reduce(x, op="sum"):
     """Tensor x summed (or its maximum taken) over all ranks, on every rank; x itself in one process."""
     if rank_and_world()[1] == 1:
         return x
-    y = x.to(_comm_device(), copy=True)
+    on_gpu = dist.get_backend() == "nccl"  # nccl reduces on the current GPU, gloo on the CPU
+    y = x.to(torch.device("cuda", torch.cuda.current_device()) if on_gpu else "cpu", copy=True)
     dist.all_reduce(y, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])  # gloo has no AVG
     return y.to(x.device)
 
 
 def mean_over_ranks(values):
-    """A dict of numbers averaged over ranks, with one all_reduce; the dict itself in one process."""
-    world_size = rank_and_world()[1]
-    if world_size == 1:
-        return values
-    total = all_reduce(torch.tensor(list(values.values()), dtype=torch.float64))
-    return dict(zip(values, (total / world_size).tolist()))
+    """A dict of numbers averaged over ranks; the dict itself in one process."""
+    every = gather_objects(values)
+    return {k: sum(d[k] for d in every) / len(every) for k in values}
 
 
 def gather_rows(x):
-    """Every rank's tensor x (the same shape on all) concatenated along dim 0 in rank order; x in one process."""
-    world_size = rank_and_world()[1]
-    if world_size == 1:
-        return x
-    y = x.to(_comm_device()).contiguous()
-    parts = [torch.empty_like(y) for _ in range(world_size)]
-    dist.all_gather(parts, y)
-    return torch.cat(parts).to(x.device)
+    """Every rank's tensor x concatenated along dim 0 in rank order; x in one process."""
+    return torch.cat([part.to(x.device) for part in gather_objects(x.cpu())])
 
 
 def gather_objects(obj):
