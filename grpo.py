@@ -1281,7 +1281,7 @@ def leave_process_group(status=0):
     if rank_and_world()[1] > 1:
         dist.barrier()  # no rank closes its connections while another still reads from them
         dist.destroy_process_group()
-        # os._exit: tearing down torch's C++ state at a normal exit sometimes aborts a gloo rank (README.md)
+        # os._exit: tearing down torch's C++ state at a normal exit sometimes aborts a gloo rank (bench/README)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(status)
