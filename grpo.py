@@ -213,7 +213,7 @@ def fewshot_prefix(train_rows, n, seed):
                           "lower --fewshot")
     picked = sorted(random.Random(seed).sample(range(len(train_rows)), n))
     prefix = "".join(f"Question: {train_rows[i]['question']}\nAnswer: {train_rows[i]['answer']}\n\n" for i in picked)
-    return prefix, [r for i, r in enumerate(train_rows) if i not in set(picked)], picked
+    return prefix, [r for i, r in enumerate(train_rows) if i not in picked], picked
 
 
 # Reward: 1.0 if the extracted final number equals the reference, else 0.0. ------------------------
