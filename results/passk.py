@@ -38,8 +38,8 @@ def read_evals(path):
 
 
 def load(folder, seeds=None):
-    """{"start": {seed: eval}, algo: {seed: eval at the end}}, plus {algo: {seed: mean entropy of the last 20 steps}};
-    only seeds done for every algorithm present (so every row has the same seeds)."""
+    """{"start": {seed: eval}, algo: {seed: eval at the end}}, plus {algo: {seed: TRAIN_COLS of the run}}; only seeds
+    done for every algorithm present (so every row has the same seeds)."""
     ends, starts, entropy = {}, {}, {}
     for algo in ALGOS:
         for name in sorted(os.listdir(folder)):
@@ -54,7 +54,11 @@ def load(folder, seeds=None):
                 assert starts[seed]["correct"] == first["correct"], f"step-0 evals differ on seed {seed}"
             starts[seed] = first
             ends.setdefault(algo, {})[seed] = last
-            entropy.setdefault(algo, {})[seed] = sum(x["entropy"] for x in train[-20:]) / len(train[-20:])
+            last = lambda k: sum(x[k] for x in train[-20:]) / len(train[-20:])  # noqa: E731
+            entropy.setdefault(algo, {})[seed] = {"auc": sum(x["reward_mean"] for x in train) / len(train),
+                                                  "reward": last("reward_mean"), "entropy": last("entropy"),
+                                                  "completion_len": last("completion_len"),
+                                                  "trunc_rate": last("trunc_rate")}
     common = set(starts)
     for by_seed in ends.values():
         common &= set(by_seed)
@@ -96,15 +100,18 @@ def tables(policies, entropy, suffix=""):
                 ci([policies[a][s][col(c)] - policies[b][s][col(c)] for s in seeds], sign=True) for c in COLS)
                 + " |")
     if not suffix:
-        lines += ["", "Entropy (nats/token, mean of the last 20 train steps) and seeds where pass@1 rose / pass@64 "
-                  "fell against the start:", "", "| algo | entropy, last 20 | pass@1 up | pass@64 down |",
-                  "|---|---|---|---|"]
+        lines += ["", "The training side (train reward over all 300 steps = AUC; the rest: mean of the last 20 steps; "
+                  "entropy in nats/token; answer length in tokens; truncated: share of answers cut at 16 tokens), "
+                  "and the seeds where pass@1 rose / pass@64 fell against the start:", "",
+                  "| algo | train reward (AUC) | train reward, last 20 | entropy, last 20 | answer length, last 20 "
+                  "| truncated, last 20 | pass@1 up | pass@64 down |", "|---|---|---|---|---|---|---|---|"]
         for name, by_seed in policies.items():
             if name != "start":
                 up = sum(by_seed[s]["pass@1"] > policies["start"][s]["pass@1"] for s in seeds)
                 down = sum(by_seed[s]["pass@64"] < policies["start"][s]["pass@64"] for s in seeds)
-                lines.append(f"| {name} | {ci(list(entropy[name].values()))} | {up}/{len(seeds)} | "
-                             f"{down}/{len(seeds)} |")
+                cells = [ci([entropy[name][s][k] for s in seeds], 2 if k == "completion_len" else 3)
+                         for k in ("auc", "reward", "entropy", "completion_len", "trunc_rate")]
+                lines.append(f"| {name} | " + " | ".join(cells) + f" | {up}/{len(seeds)} | {down}/{len(seeds)} |")
     return lines
 
 
