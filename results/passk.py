@@ -112,6 +112,28 @@ def tables(policies, entropy, suffix=""):
                 cells = [ci([entropy[name][s][k] for s in seeds], 2 if k == "completion_len" else 3)
                          for k in ("auc", "reward", "entropy", "completion_len", "trunc_rate")]
                 lines.append(f"| {name} | " + " | ".join(cells) + f" | {up}/{len(seeds)} | {down}/{len(seeds)} |")
+        lines += ["", "Coverage, per seed out of its 200 questions (mean [CI] over seeds): questions with no right "
+                  "answer "
+                  "among the 64 at step 300; questions lost (some right answer at step 0, none at step 300) and "
+                  "gained (none at step 0, some at step 300); questions a majority of the 64 answers gets right "
+                  "(more than 32 right):", "",
+                  "| policy | unsolved at 64 | lost | gained | majority right |", "|---|---|---|---|---|"]
+        for name, by_seed in policies.items():
+            st = [policies["start"][s]["correct"] for s in seeds]
+            en = [by_seed[s]["correct"] for s in seeds]
+            count = lambda f: [sum(f(a, b) for a, b in zip(x, y)) for x, y in zip(st, en)]  # noqa: E731
+            cells = [count(lambda a, b: b == 0), count(lambda a, b: a > 0 and b == 0),
+                     count(lambda a, b: a == 0 and b > 0), count(lambda a, b: b > 32)]
+            label = "start (step 0)" if name == "start" else name
+            lines.append(f"| {label} | " + " | ".join(ci(c, 1) for c in cells) + " |")
+        lines += ["", "Paired by seed, the training side:", "",
+                  "| difference | Δ train reward (AUC) | Δ train reward, last 20 | Δ entropy, last 20 |",
+                  "|---|---|---|---|"]
+        for a, b in PAIRS:
+            if a in entropy and b in entropy:
+                lines.append(f"| {a} - {b} | " + " | ".join(
+                    ci([entropy[a][s][k] - entropy[b][s][k] for s in seeds], sign=True)
+                    for k in ("auc", "reward", "entropy")) + " |")
     return lines
 
 
