@@ -79,7 +79,7 @@ def header(first):
 
 
 def tables(policies, entropy, suffix=""):
-    col = lambda c: c if c == "acc_lenient" else c + suffix  # noqa: E731
+    col = lambda c: ("acc_strict" if suffix else c) if c == "acc_lenient" else c + suffix  # noqa: E731
     seeds = list(policies["start"])
     lines = [f"pass@k, maj@64 and greedy accuracy{' (strict)' if suffix else ''}, mean [95% CI] over {len(seeds)} "
              f"seeds:", ""] + header("policy")
