@@ -72,6 +72,13 @@ done
           -e 's/^| gv_tiny30_at60, arith | initial |/| tiny30, arith | GRPO step 180 of 300 |/' \
           -e 's/^| gv_tiny30_at90, arith | initial |/| tiny30, arith | GRPO step 270 of 300 |/'
 } > results/variance/tiny30_along_training.md
+# 4d. The pass@k spectrum (issue 20 part 1): tiny30, the seeds.py flags, lr 1e-4, 300 steps, grpo, reinforce,
+#     drgrpo_seq and negative (adv = r - 1), seeds 0-14, with 64 answers per held-out question at T = 1.0 at step 0
+#     and step 300 (--eval-samples 64 --eval-temperature 1.0 --eval-every 0); ~60 s of one thread per run. Resumable.
+#     Writes results/tiny30_passk/<algo>_seed<k>.jsonl.gz, then the tables and the plot.
+OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-14 \
+  --algos grpo reinforce drgrpo_seq negative --eval-samples 64
+python results/passk.py --md results/tiny30_passk/passk.md --png results/tiny30_passk/passk.png
 
 # 5. SmolLM2-135M-Instruct on arith, the real-model confirmation (issue 12): grpo and reinforce, seeds 0-2, 100 steps,
 #    greedy eval on 200 held-out questions at steps 0, 50 and 100, --dtype auto (bfloat16 on this CPU). 22-46 min of

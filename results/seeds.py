@@ -11,9 +11,17 @@ Algorithms (identical flags otherwise, FLAGS below):
     grpo        --algo grpo                        adv = (r - mean) / (std + eps), loss 1/G sum_i 1/|o_i| sum_t
     reinforce   --algo reinforce                   adv = r, no baseline
     drgrpo_seq  --algo drgrpo --loss-agg seq       adv = r - mean: GRPO without the std division, same loss sum
+    negative    --algo negative                    adv = r - 1: only wrong answers pushed down (issue 20 part 3);
+                                                   not in `pipeline`, which runs the three above
+
+pass@k spectrum (issue 20 part 1): `run --eval-samples K` adds --eval-samples K --eval-temperature 1.0
+--eval-every 0 (eval at step 0 and at the end only) and writes to RESULTS/<policy>_passk/ instead; summarized
+by results/passk.py.
 
 Usage:
     python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 3e-5 --seeds 0-4
+    python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
+        --algos grpo reinforce drgrpo_seq negative --eval-samples 64   # -> results/tiny30_passk/
     python results/seeds.py pipeline                       # the whole study, in order, resumable (see `pipeline`)
     python results/seeds.py summarize --setting tiny30_lr3e-05 --md out.md --png out.png
 """
@@ -33,7 +41,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
 ALGOS = {"grpo": ["--algo", "grpo"], "reinforce": ["--algo", "reinforce"],
-         "drgrpo_seq": ["--algo", "drgrpo", "--loss-agg", "seq"]}
+         "drgrpo_seq": ["--algo", "drgrpo", "--loss-agg", "seq"], "negative": ["--algo", "negative"]}
+PIPELINE_ALGOS = ["grpo", "reinforce", "drgrpo_seq"]  # the section-4 study; `negative` came later (issue 20)
 POLICIES = {"tiny30": "results/tiny_policy/ckpt30", "tiny05": "results/tiny_policy/ckpt05"}
 STEPS = 300
 # everything but --model, --algo, --lr, --seed and --out; micro-batch 32 = the whole batch in one pass (same gradient)
@@ -63,17 +72,24 @@ def parse_seeds(spec):
 # Running: one forked child per run, one at a time.
 # --------------------------------------------------------------------------------------------------
 
-def run_one(results, policy, path, algo, lr, seed, steps):
-    """Run grpo.py for one (policy, algo, lr, seed) unless its file exists. Returns (wall_s, cpu_s) or None."""
-    final = os.path.join(results, setting_name(policy, lr), f"{algo}_seed{seed}.jsonl.gz")
+def passk_flags(k):
+    """The sampled-eval flags of the pass@k spectrum runs: K answers per question at the training temperature."""
+    return ["--eval-samples", str(k), "--eval-temperature", "1.0", "--eval-every", "0"] if k else []
+
+
+def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0):
+    """Run grpo.py for one (policy, algo, lr, seed) unless its file exists. Returns (wall_s, cpu_s) or None.
+    eval_samples > 0: the pass@k spectrum runs (passk_flags), in setting <policy>_passk."""
+    setting = f"{policy}_passk" if eval_samples else setting_name(policy, lr)
+    final = os.path.join(results, setting, f"{algo}_seed{seed}.jsonl.gz")
     if os.path.exists(final):
         return None
-    out = os.path.join(SCRATCH, setting_name(policy, lr), f"{algo}_seed{seed}")
+    out = os.path.join(SCRATCH, setting, f"{algo}_seed{seed}")
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     argv = ["--model", path, *ALGOS[algo], "--lr", str(lr), "--seed", str(seed), "--steps", str(steps),
-            *FLAGS, "--out", out, "--overwrite"]
-    log = os.path.join(SCRATCH, f"{setting_name(policy, lr)}_{algo}_seed{seed}.log")
+            *FLAGS, *passk_flags(eval_samples), "--out", out, "--overwrite"]
+    log = os.path.join(SCRATCH, f"{setting}_{algo}_seed{seed}.log")
     t0 = time.time()
     pid = os.fork()
     if pid == 0:  # the child: grpo.py's own main(), stdout and stderr to the run's log
@@ -110,9 +126,9 @@ def run_one(results, policy, path, algo, lr, seed, steps):
     shutil.rmtree(out)
     os.remove(log)
     with open(os.path.join(results, "seeds_runs.jsonl"), "a") as f:
-        f.write(json.dumps({"setting": setting_name(policy, lr), "algo": algo, "seed": seed, "steps": steps,
+        f.write(json.dumps({"setting": setting, "algo": algo, "seed": seed, "steps": steps,
                             "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}) + "\n")
-    print(f"{setting_name(policy, lr)} {algo} seed {seed}: {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
+    print(f"{setting} {algo} seed {seed}: {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
     return wall, cpu
 
 
@@ -126,14 +142,14 @@ def preload():
     import tqdm  # noqa: F401
 
 
-def run_grid(results, policies, lrs, seeds, algos, steps):
+def run_grid(results, policies, lrs, seeds, algos, steps, eval_samples=0):
     """Seeds in the outer loop, so a grid stopped half-way holds the same seeds for every algorithm."""
     for seed in seeds:
         for policy, path in policies:
             for lr in lrs:
                 for algo in algos:
                     lr_here = lr[algo] if isinstance(lr, dict) else lr
-                    run_one(results, policy, path, algo, lr_here, seed, steps)
+                    run_one(results, policy, path, algo, lr_here, seed, steps, eval_samples)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -353,7 +369,7 @@ def pipeline(a):
     sweep_seeds = parse_seeds(a.sweep_seeds)
     all_seeds = parse_seeds(a.seeds)
     print(f"phase 1: lr sweep on tiny30, lrs {a.lrs}, seeds {a.sweep_seeds}", flush=True)
-    run_grid(results, [tiny30], a.lrs, sweep_seeds, list(ALGOS), a.steps)
+    run_grid(results, [tiny30], a.lrs, sweep_seeds, PIPELINE_ALGOS, a.steps)
     best, common, auc = best_lrs(results, "tiny30", a.lrs, sweep_seeds)
     with open(os.path.join(results, "seeds_lr.json"), "w") as f:
         json.dump({"best": best, "common": common, "auc": {k: {lr_name(lr): v for lr, v in d.items()}
@@ -363,17 +379,19 @@ def pipeline(a):
               f"Learning-rate sweep on tiny30, seeds {a.sweep_seeds}, {a.steps} steps")
     print(f"best lr per algo {best}, common lr {common}", flush=True)
     print("phase 2: 20 seeds at the common lr, tiny30 and tiny05", flush=True)
-    run_grid(results, [tiny30, tiny05], [common], all_seeds, list(ALGOS), a.steps)
+    run_grid(results, [tiny30, tiny05], [common], all_seeds, PIPELINE_ALGOS, a.steps)
     summarize(results, [(setting_name(p, common), setting_name(p, common)) for p in ("tiny30", "tiny05")], all_seeds,
               os.path.join(results, "seeds_common.md"), os.path.join(results, "seeds_common.png"),
               f"All algorithms at the common lr {lr_name(common)}, seeds {a.seeds}, {a.steps} steps")
     print("phase 3: 20 seeds at each algorithm's best lr (where it is not the common one)", flush=True)
-    run_grid(results, [tiny30, tiny05], [best], all_seeds, [x for x in ALGOS if best[x] != common], a.steps)
-    if any(best[x] != common for x in ALGOS):
-        summarize(results, [(f"{p}, best lr per algo", {x: setting_name(p, best[x]) for x in ALGOS})
+    run_grid(results, [tiny30, tiny05], [best], all_seeds, [x for x in PIPELINE_ALGOS if best[x] != common],
+             a.steps)
+    if any(best[x] != common for x in PIPELINE_ALGOS):
+        summarize(results, [(f"{p}, best lr per algo", {x: setting_name(p, best[x]) for x in PIPELINE_ALGOS})
                             for p in ("tiny30", "tiny05")], all_seeds,
                   os.path.join(results, "seeds_best.md"), os.path.join(results, "seeds_best.png"),
-                  f"Each algorithm at its own best lr {{{', '.join(f'{x}: {lr_name(best[x])}' for x in ALGOS)}}}, "
+                  f"Each algorithm at its own best lr "
+                  f"{{{', '.join(f'{x}: {lr_name(best[x])}' for x in PIPELINE_ALGOS)}}}, "
                   f"seeds {a.seeds}, {a.steps} steps")
     print("done", flush=True)
 
@@ -386,8 +404,11 @@ def main():
     r.add_argument("--policy", action="append", required=True, help="NAME=DIR, e.g. tiny30=results/tiny_policy/ckpt30")
     r.add_argument("--lr", type=float, nargs="+", required=True)
     r.add_argument("--seeds", default="0-4")
-    r.add_argument("--algos", nargs="+", default=list(ALGOS), choices=list(ALGOS))
+    r.add_argument("--algos", nargs="+", default=PIPELINE_ALGOS, choices=list(ALGOS))
     r.add_argument("--steps", type=int, default=STEPS)
+    r.add_argument("--eval-samples", type=int, default=0,
+                   help="K > 0: the pass@k spectrum runs (K sampled answers per eval question, eval at step 0 and "
+                        "the end only), written to <policy>_passk/")
     q = sub.add_parser("pipeline", help="lr sweep on tiny30, then 20 seeds at the common and at the best lrs")
     q.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4])
     q.add_argument("--sweep-seeds", default="0-4")
@@ -409,7 +430,7 @@ def main():
     preload()
     if a.cmd == "run":
         policies = [tuple(x.split("=", 1)) for x in a.policy]
-        run_grid(a.results, policies, a.lr, parse_seeds(a.seeds), a.algos, a.steps)
+        run_grid(a.results, policies, a.lr, parse_seeds(a.seeds), a.algos, a.steps, a.eval_samples)
     else:
         pipeline(a)
 
