@@ -46,8 +46,9 @@ OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --out results/tiny_policy
 #     sweep.md,sweep.png,common.md,common.png,best.md,best.png} and results/seeds_runs.jsonl (time per run).
 OMP_NUM_THREADS=1 python results/seeds.py pipeline
 # 4c. Gradient variance along training: the policies after 0, 90, 180 and 270 of the 300 steps of the tiny30 GRPO run
-#     (the seeds.py flags, lr 1e-4, seed 0), got by stopping and resuming grpo.py (bit-exact: the train lines equal
-#     results/tiny30_lr1e-4/grpo_seed0.jsonl.gz); then grad_variance.py at each (~15 s each, ~20 s per 90 steps).
+#     (the seeds.py flags, lr 1e-4, seed 0), got by stopping and resuming grpo.py (bit-exact at the version that made
+#     results/tiny30_lr1e-4/grpo_seed0.jsonl.gz; since finished answers leave the decode batch, sampled tokens are new
+#     draws, so the train lines differ after step 1); then grad_variance.py at each (~15 s each, ~20 s per 90 steps).
 TINY_FLAGS="--dataset arith --G 8 --batch-prompts 4 --max-new-tokens 16 --temperature 1.0 --beta 0.04 --eval-every 100 \
   --eval-n 200 --micro-batch 32 --dtype float32"
 OMP_NUM_THREADS=1 python grpo.py --model results/tiny_policy/ckpt30 --algo grpo --lr 1e-4 --seed 0 --steps 90 $TINY_FLAGS \
