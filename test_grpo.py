@@ -1202,6 +1202,18 @@ def test_a_base_models_answer_ends_at_the_stop_text():
     assert tokenizer.decode(ids[4, :6]) == " 4Question:"
 
 
+def test_answers_that_ended_leave_the_decode_batch():
+    """Decoding costs the tokens actually generated: each decode step runs only the rows still going. By hand, from
+    the answers' lengths 3, 2, 2, 8, 6, 3: after the first token all 6 rows go on, then 4, 2, 2, 2, 1, 1."""
+    model, tokenizer, eos_ids = scripted_base_model()
+    rows_per_call = []
+    forward = model.forward
+    model.forward = lambda input_ids, **kwargs: rows_per_call.append(input_ids.shape) or forward(input_ids, **kwargs)
+    grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
+    assert rows_per_call[0] == (6, 1)  # the prompt pass: six one-character prompts
+    assert [n for n, length in rows_per_call[1:]] == [6, 4, 2, 2, 2, 1, 1]
+
+
 def test_a_chat_models_answer_has_no_stop_text():
     model, tokenizer, eos_ids = scripted_base_model(chat_template="{{ messages[0]['content'] }}")
     out = grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
