@@ -1,6 +1,7 @@
-"""What the bench scripts share: the two benchmark settings, the model directory every run loads, and the probe
-that records which dtype the matmuls really ran in."""
+"""What the bench scripts share: the two benchmark settings, the model directory every run loads, the probe that
+records which dtype the matmuls really ran in, and loading a grpo.py from any path."""
 
+import importlib.util
 import os
 import sys
 
@@ -47,3 +48,12 @@ def probe_compute_dtype(model, seen, label="policy", copy_label="ref"):
 
 def as_lists(seen):
     return {k: sorted(v) for k, v in seen.items()}
+
+
+def load_grpo(path):
+    """The grpo.py at `path` as a module, registered as `grpo` (a checkout's, or an older one to compare with)."""
+    spec = importlib.util.spec_from_file_location("grpo", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["grpo"] = module
+    spec.loader.exec_module(module)
+    return module

@@ -11,21 +11,13 @@ the same load), and each also counts the rows its decode steps ran (one row = on
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import time
 
 import torch
 
-from common import ROOT
-
-
-def load_grpo(folder):
-    spec = importlib.util.spec_from_file_location("grpo_under_test", os.path.join(folder, "grpo.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from common import ROOT, load_grpo
 
 
 def timed_eval(grpo, model, tokenizer, rows, eos_ids, flags):
@@ -42,7 +34,9 @@ def compare(model, tokenizer, rows, eos_ids, flags, a):
         lambda m, args, kwargs: decoded.append(kwargs["input_ids"].shape[0])
         if kwargs["input_ids"].shape[1] == 1 else None, with_kwargs=True)
     result = {}
-    for name, module in (("this", load_grpo(ROOT)), ("other", load_grpo(a.compare))) * a.rounds:
+    this, other = (load_grpo(os.path.join(folder, "grpo.py")) for folder in (ROOT, a.compare))
+    pair = (("this", this), ("other", other))
+    for name, module in pair * a.rounds:
         decoded.clear()
         seconds, accuracy = timed_eval(module, model, tokenizer, rows, eos_ids, flags)
         entry = result.setdefault(name, {"seconds": [], "decoded_rows": sum(decoded), "accuracy": accuracy})
@@ -63,7 +57,7 @@ def main():
     p.add_argument("--out", default=None, help="also write the result as JSON here")
     a = p.parse_args()
     torch.set_num_threads(1)
-    grpo = load_grpo(a.grpo_dir)
+    grpo = load_grpo(os.path.join(a.grpo_dir, "grpo.py"))
     model, tokenizer, eos_ids = grpo.load_model("smollm2", torch.device("cpu"))
     rows = grpo.load_data("arith", 0)[1]
     common = ["--model", "smollm2", "--dataset", "arith", "--G", "8", "--batch-prompts", "2",

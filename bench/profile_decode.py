@@ -15,11 +15,12 @@ The profiler adds its own cost per op, so its times are above the timed medians;
 """
 
 import argparse
-import importlib.util
 import os
 import statistics
 import sys
 import time
+
+from common import load_grpo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -27,14 +28,6 @@ B = 2  # prompts
 G = 8  # answers per prompt
 N = 64  # new tokens
 T = 0.7  # sampling temperature
-
-
-def load_grpo(path):
-    spec = importlib.util.spec_from_file_location("grpo", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["grpo"] = module
-    spec.loader.exec_module(module)
-    return module
 
 
 def run(grpo, model, tokenizer, prompts, dtype, on_forward=None):
