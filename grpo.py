@@ -201,11 +201,6 @@ def build_prompt(tokenizer, question, shots=""):
     return f"{shots}Question: {question}\nAnswer:"
 
 
-def answer_stop(tokenizer):
-    """The text that ends an answer besides EOS: BASE_STOP for models without a chat template, else None."""
-    return None if tokenizer.chat_template else BASE_STOP
-
-
 def fewshot_prefix(train_rows, n, seed):
     """(prefix of n solved training examples, the training rows without them, their indices)."""
     if n >= len(train_rows):
@@ -279,7 +274,7 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
                           f"the model's {limit} positions; lower --max-new-tokens")
     rows = torch.arange(len(prompts), device=device).repeat_interleave(repeat)  # row i*G+j is answer j to question i
     eos = torch.tensor(eos_ids, dtype=torch.long, device=device)
-    stop = answer_stop(tokenizer)
+    stop = None if tokenizer.chat_template else BASE_STOP
     completion_ids = torch.full((len(rows), max_new_tokens), tokenizer.pad_token_id, device=device)
     sampler_logp = torch.zeros(len(rows), max_new_tokens, device=device)
     lengths = torch.full((len(rows),), max_new_tokens, device=device)  # tokens each answer keeps, its end included
@@ -342,7 +337,7 @@ def decode_completions(tokenizer, out):
     """Text of each answer: its tokens up to its end, and for a base model the text before BASE_STOP."""
     texts = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
              for ids, mask in zip(out["completion_ids"], out["completion_mask"])]
-    stop = answer_stop(tokenizer)
+    stop = None if tokenizer.chat_template else BASE_STOP
     return [text.split(stop, 1)[0] for text in texts] if stop else texts
 
 
@@ -505,8 +500,8 @@ def accumulate_gradients(model, ref_model, batch, adv, args, cache):
         for key, value in {"loss": loss.item(), **stats, "entropy": entropy.item()}.items():
             # the loss and its parts are shares that add up to the full batch's; the rest are token-weighted means
             totals[key] += value if key in ("loss", "pg_loss", "kl_loss") else value * share
-    # with the denominators above each rank's totals are its share of the batch's: their mean is the batch's
-    return mean_over_ranks(totals)
+    every = gather_objects(totals)  # with the denominators above, the mean of the ranks' totals is the batch's
+    return {k: sum(d[k] for d in every) / len(every) for k in totals}
 
 
 def train_step(model, ref_model, optimizer, batch, adv, args):
@@ -697,24 +692,18 @@ def load_model(name, device):
     if not eos_ids:
         raise ConfigError(f"model {name!r} defines no EOS token, so completions could never end; "
                           "set eos_token in its tokenizer")
-    if tokenizer.pad_token is None:
-        # Safe here: the completion mask comes from the first EOS, never from `token != pad`.
+    if tokenizer.pad_token is None:  # safe: the completion mask comes from each answer's end, never `token != pad`
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # batched generation appends after the last real token of every row
     # `generate` samples softmax(logits / T): drop shipped defaults (Qwen: top_k, top_p) so the saved config is true
     model.generation_config = GenerationConfig(eos_token_id=sorted(eos_ids), pad_token_id=tokenizer.pad_token_id,
                                                bos_token_id=tokenizer.bos_token_id)
-    disable_dropout(model)
-    return model.to(device), tokenizer, sorted(eos_ids)
-
-
-def disable_dropout(model):
-    """Dropout would make two passes over the same tokens disagree (ratio != 1 at the sampling weights)."""
-    for m in model.modules():
+    for m in model.modules():  # dropout would make two passes over the same tokens disagree (ratio != 1 at mu = 1)
         if isinstance(m, torch.nn.Dropout):
             m.p = 0.0
         if isinstance(getattr(m, "attention_dropout", None), float):
             m.attention_dropout = 0.0
+    return model.to(device), tokenizer, sorted(eos_ids)
 
 
 def cache_arg(model):
@@ -849,8 +838,7 @@ def make_arith(n, rng):
         item = rng.choice(items)
         kind = rng.randrange(3)
         if kind == 0:
-            a = rng.randint(1, 20)
-            b = rng.randint(1, 20)
+            a, b = rng.randint(1, 20), rng.randint(1, 20)
             q = f"{name} has {a} {item}. {name} gets {b} more. How many {item} does {name} have now?"
             work, c = f"{a} + {b}", a + b
         elif kind == 1:
@@ -859,8 +847,7 @@ def make_arith(n, rng):
             q = f"{name} has {a} {item} and gives {b} away. How many {item} does {name} have left?"
             work, c = f"{a} - {b}", a - b
         else:
-            a = rng.randint(2, 9)
-            b = rng.randint(2, 5)
+            a, b = rng.randint(2, 9), rng.randint(2, 5)
             q = f"{name} has {b} bags with {a} {item} in each bag. How many {item} does {name} have?"
             work, c = f"{b} * {a}", a * b
         rows.append({"question": q, "answer": f"{work} = {c}\n#### {c}", "ref": str(c)})
@@ -887,8 +874,7 @@ class Run:
         # order/pos: this epoch's pass over the training set; nonfinite: skipped updates in a row
         self.state = {"step": 0, "order": [], "pos": 0, "last_acc": None, "nonfinite": 0,
                       "n_train": data_sizes["n_train"]}
-        self.saved_rng = None  # the checkpoint's RNG states, restored on entering the loop
-        self.saved_at = None  # the step of the last checkpoint
+        self.saved_rng, self.saved_at = None, None  # the checkpoint's RNG states (restored on entering the loop), step
         self.log = self.rollouts = self.wandb = None  # rank 0's outputs
         if args.resume:
             self.state, self.saved_rng = load_checkpoint(find_checkpoint(args.out), model, optimizer)
@@ -992,7 +978,8 @@ class Run:
         rng = gather_objects(rng_states(self.data_rng))  # every rank's, so each one resumes its own sampling stream
         if self.rank == 0:
             save_checkpoint(self.args.out, self.model, self.tokenizer, self.optimizer, self.state, rng)
-        barrier()  # no rank may exit before it is written: torchrun kills all ranks when one exits with an error
+        if self.world_size > 1:  # no rank may exit before it is written: torchrun kills all when one errs
+            dist.barrier()
         self.saved_at = self.step
 
     def finish(self):
@@ -1250,12 +1237,6 @@ def all_reduce(x, op="sum"):
     return y.to(x.device)
 
 
-def mean_over_ranks(values):
-    """A dict of numbers averaged over ranks; the dict itself in one process."""
-    every = gather_objects(values)
-    return {k: sum(d[k] for d in every) / len(every) for k in values}
-
-
 def gather_rows(x):
     """Every rank's tensor x concatenated along dim 0 in rank order; x in one process."""
     return torch.cat([part.to(x.device) for part in gather_objects(x.cpu())])
@@ -1269,11 +1250,6 @@ def gather_objects(obj):
     objs = [None] * world_size
     dist.all_gather_object(objs, obj)
     return objs
-
-
-def barrier():
-    if rank_and_world()[1] > 1:
-        dist.barrier()
 
 
 def leave_process_group(status=0):
