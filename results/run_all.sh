@@ -74,10 +74,10 @@ done
           -e 's/^| gv_tiny30_at90, arith | initial |/| tiny30, arith | GRPO step 270 of 300 |/'
 } > results/variance/tiny30_along_training.md
 # 4d. The pass@k spectrum (issue 20 part 1): tiny30, the seeds.py flags, lr 1e-4, 300 steps, grpo, reinforce,
-#     drgrpo_seq and negative (adv = r - 1), seeds 0-14, with 64 answers per held-out question at T = 1.0 at step 0
+#     drgrpo_seq and negative (adv = r - 1), seeds 0-19, with 64 answers per held-out question at T = 1.0 at step 0
 #     and step 300 (--eval-samples 64 --eval-temperature 1.0 --eval-every 0); ~60 s of one thread per run. Resumable.
 #     Writes results/tiny30_passk/<algo>_seed<k>.jsonl.gz, then the tables and the plot.
-OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-14 \
+OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
   --algos grpo reinforce drgrpo_seq negative --eval-samples 64
 python results/passk.py --md results/tiny30_passk/passk.md --png results/tiny30_passk/passk.png
 

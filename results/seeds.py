@@ -45,9 +45,11 @@ ALGOS = {"grpo": ["--algo", "grpo"], "reinforce": ["--algo", "reinforce"],
 PIPELINE_ALGOS = ["grpo", "reinforce", "drgrpo_seq"]  # the section-4 study; `negative` came later (issue 20)
 POLICIES = {"tiny30": "results/tiny_policy/ckpt30", "tiny05": "results/tiny_policy/ckpt05"}
 STEPS = 300
+BATCH_PROMPTS = 4  # questions per step; G = 8 answers each
 # everything but --model, --algo, --lr, --seed and --out; micro-batch 32 = the whole batch in one pass (same gradient)
-FLAGS = ["--dataset", "arith", "--G", "8", "--batch-prompts", "4", "--max-new-tokens", "16", "--temperature", "1.0",
-         "--beta", "0.04", "--eval-every", "100", "--eval-n", "200", "--micro-batch", "32", "--dtype", "float32"]
+# (run_one adds --batch-prompts and --micro-batch)
+FLAGS = ["--dataset", "arith", "--G", "8", "--max-new-tokens", "16", "--temperature", "1.0",
+         "--beta", "0.04", "--eval-every", "100", "--eval-n", "200", "--dtype", "float32"]
 SCRATCH = os.environ.get("SEEDS_SCRATCH", "/tmp/seeds_runs")  # each run's folder (checkpoint, model), deleted after
 
 
@@ -72,15 +74,28 @@ def parse_seeds(spec):
 # Running: one forked child per run, one at a time.
 # --------------------------------------------------------------------------------------------------
 
-def passk_flags(k):
-    """The sampled-eval flags of the pass@k spectrum runs: K answers per question at the training temperature."""
-    return ["--eval-samples", str(k), "--eval-temperature", "1.0", "--eval-every", "0"] if k else []
+def passk_flags(k, every=0):
+    """The sampled-eval flags of the pass@k spectrum runs: K answers per question at the training temperature,
+    evaluated at step 0, every `every` steps and at the end."""
+    return ["--eval-samples", str(k), "--eval-temperature", "1.0", "--eval-every", str(every)] if k else []
 
 
-def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0):
+def run_setting(policy, lr, steps, eval_samples, batch_prompts):
+    """The folder name of a grid's runs: <policy>_lr<lr> (section 4), <policy>_passk (issue 20 part 1), and for
+    another batch size or step count (issue 20 part 2) <policy>_lr<lr>_B<questions per step>_<steps>steps[_passk]."""
+    if (batch_prompts, steps) == (BATCH_PROMPTS, STEPS):
+        return f"{policy}_passk" if eval_samples else setting_name(policy, lr)
+    return f"{setting_name(policy, lr)}_B{batch_prompts}_{steps}steps" + ("_passk" if eval_samples else "")
+
+
+def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0, batch_prompts=None):
     """Run grpo.py for one (policy, algo, lr, seed) unless its file exists. Returns (wall_s, cpu_s) or None.
-    eval_samples > 0: the pass@k spectrum runs (passk_flags), in setting <policy>_passk."""
-    setting = f"{policy}_passk" if eval_samples else setting_name(policy, lr)
+    eval_samples > 0: the pass@k spectrum runs (passk_flags); at the FLAGS batch size and step count they evaluate
+    at step 0 and the end only, else also at 25, 50 and 75% of the run. batch_prompts: questions per step, FLAGS's
+    4 if None, the whole batch in one micro-batch either way."""
+    batch_prompts = batch_prompts or BATCH_PROMPTS
+    setting = run_setting(policy, lr, steps, eval_samples, batch_prompts)
+    every = 0 if (batch_prompts, steps) == (BATCH_PROMPTS, STEPS) else steps // 4
     final = os.path.join(results, setting, f"{algo}_seed{seed}.jsonl.gz")
     if os.path.exists(final):
         return None
@@ -88,7 +103,8 @@ def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0):
     shutil.rmtree(out, ignore_errors=True)
     os.makedirs(out)
     argv = ["--model", path, *ALGOS[algo], "--lr", str(lr), "--seed", str(seed), "--steps", str(steps),
-            *FLAGS, *passk_flags(eval_samples), "--out", out, "--overwrite"]
+            *FLAGS, *passk_flags(eval_samples, every), "--batch-prompts", str(batch_prompts),
+            "--micro-batch", str(batch_prompts * 8), "--out", out, "--overwrite"]
     log = os.path.join(SCRATCH, f"{setting}_{algo}_seed{seed}.log")
     t0 = time.time()
     pid = os.fork()
@@ -127,7 +143,7 @@ def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0):
     os.remove(log)
     with open(os.path.join(results, "seeds_runs.jsonl"), "a") as f:
         f.write(json.dumps({"setting": setting, "algo": algo, "seed": seed, "steps": steps,
-                            "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}) + "\n")
+                            "batch_prompts": batch_prompts, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}) + "\n")
     print(f"{setting} {algo} seed {seed}: {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
     return wall, cpu
 
@@ -142,14 +158,14 @@ def preload():
     import tqdm  # noqa: F401
 
 
-def run_grid(results, policies, lrs, seeds, algos, steps, eval_samples=0):
+def run_grid(results, policies, lrs, seeds, algos, steps, eval_samples=0, batch_prompts=None):
     """Seeds in the outer loop, so a grid stopped half-way holds the same seeds for every algorithm."""
     for seed in seeds:
         for policy, path in policies:
             for lr in lrs:
                 for algo in algos:
                     lr_here = lr[algo] if isinstance(lr, dict) else lr
-                    run_one(results, policy, path, algo, lr_here, seed, steps, eval_samples)
+                    run_one(results, policy, path, algo, lr_here, seed, steps, eval_samples, batch_prompts)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -409,6 +425,8 @@ def main():
     r.add_argument("--eval-samples", type=int, default=0,
                    help="K > 0: the pass@k spectrum runs (K sampled answers per eval question, eval at step 0 and "
                         "the end only), written to <policy>_passk/")
+    r.add_argument("--batch-prompts", type=int, default=BATCH_PROMPTS,
+                   help="questions per step; another value (or --steps) writes to <policy>_lr<lr>_B<B>_<steps>steps/")
     q = sub.add_parser("pipeline", help="lr sweep on tiny30, then 20 seeds at the common and at the best lrs")
     q.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4])
     q.add_argument("--sweep-seeds", default="0-4")
@@ -430,7 +448,7 @@ def main():
     preload()
     if a.cmd == "run":
         policies = [tuple(x.split("=", 1)) for x in a.policy]
-        run_grid(a.results, policies, a.lr, parse_seeds(a.seeds), a.algos, a.steps, a.eval_samples)
+        run_grid(a.results, policies, a.lr, parse_seeds(a.seeds), a.algos, a.steps, a.eval_samples, a.batch_prompts)
     else:
         pipeline(a)
 

@@ -1,0 +1,175 @@
+"""A horizon where learning finishes (issue 20 part 2): the pass@k spectrum along training, from RESULTS/<setting>/.
+
+Each file <algo>_seed<k>.jsonl.gz there is one `seeds.py run --eval-samples 64 --batch-prompts B --steps S` run,
+with eval lines at steps 0, S/4, S/2, 3S/4 and S: pass@k for k = 1, 2, .., 64 from 64 answers per question sampled
+at T = 1.0, maj@64 and greedy accuracy, on the 200 held-out questions of that seed. The step-0 evals of all
+algorithms on a seed are the same draw (same policy, same sampler seed); this script checks that.
+
+Tables: the train reward per quarter of the run and the paired differences between algorithms in each quarter
+(does an early lead survive to the end?); pass@k, maj@64 and greedy accuracy at each eval; their paired differences
+against the starting policy and between algorithms. CIs: 95% percentile bootstrap over seeds (seeds.bootstrap_ci);
+each seed has its own 200 questions, not resampled within a seed. Steps to 0.5 and 0.8 come from
+`seeds.py summarize` on the same setting.
+
+Usage:
+    python results/horizon.py --setting tiny30_lr3e-4_B16_500steps_passk --md OUT.md --png OUT.png
+"""
+import argparse
+import gzip
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from seeds import ALGOS, bootstrap_ci, moving_average  # noqa: E402
+
+KS = [1, 2, 4, 8, 16, 32, 64]
+COLS = ["pass@1", "pass@4", "pass@16", "pass@64", "maj@64", "acc_lenient"]
+NAMES = {"acc_lenient": "greedy"}
+PAIRS = [("reinforce", "grpo"), ("negative", "grpo"), ("negative", "reinforce")]
+
+
+def load(folder):
+    """{algo: {seed: (train lines, eval lines)}}, keeping only the seeds every algorithm has."""
+    runs = {}
+    for algo in ALGOS:
+        for name in sorted(os.listdir(folder)):
+            if name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz"):
+                with gzip.open(os.path.join(folder, name), "rt") as f:
+                    lines = [json.loads(line) for line in f]
+                seed = int(name[len(f"{algo}_seed"):-len(".jsonl.gz")])
+                runs.setdefault(algo, {})[seed] = ([x for x in lines if x["type"] == "train"],
+                                                   [x for x in lines if x["type"] == "eval"])
+    common = set.intersection(*(set(by_seed) for by_seed in runs.values()))
+    runs = {a: {s: by_seed[s] for s in sorted(common)} for a, by_seed in runs.items()}
+    for s in common:  # the starting policy, judged with the same sampler seed: one draw per seed
+        starts = {json.dumps(by_seed[s][1][0]["correct"]) for by_seed in runs.values()}
+        assert len(starts) == 1, f"step-0 evals differ on seed {s}"
+    return runs
+
+
+def ci(values, digits=3, sign=False):
+    import numpy as np
+    lo, hi = bootstrap_ci(values)
+    f = f"{{:{'+' if sign else ''}.{digits}f}}"
+    return f"{f.format(np.mean(values))} [{f.format(lo)}, {f.format(hi)}]"
+
+
+def quarters(train):
+    """Mean train reward in each quarter of the run."""
+    n = len(train) // 4
+    return [sum(x["reward_mean"] for x in train[i * n:(i + 1) * n]) / n for i in range(4)]
+
+
+def tables(runs):
+    seeds = list(next(iter(runs.values())))
+    steps = [e["step"] for e in next(iter(runs.values()))[seeds[0]][1]]
+    S = steps[-1]
+    lines = ["Train reward per quarter of the run (mean over the quarter's steps), mean [95% CI] over seeds:", "",
+             "| algo | " + " | ".join(f"steps {i * S // 4 + 1}-{(i + 1) * S // 4}" for i in range(4))
+             + " | entropy, last 20 steps |", "|---|" + "---|" * 5]
+    for algo, by_seed in runs.items():
+        q = [quarters(tr) for tr, _ in by_seed.values()]
+        ent = [sum(x["entropy"] for x in tr[-20:]) / 20 for tr, _ in by_seed.values()]
+        lines.append(f"| {algo} | " + " | ".join(ci([x[i] for x in q]) for i in range(4)) + f" | {ci(ent)} |")
+    lines += ["", "Paired by seed, train reward per quarter:", "",
+              "| difference | " + " | ".join(f"Δ steps {i * S // 4 + 1}-{(i + 1) * S // 4}" for i in range(4))
+              + " | seeds ahead in the last quarter |", "|---|" + "---|" * 5]
+    for a, b in PAIRS:
+        if a in runs and b in runs:
+            d = [[x - y for x, y in zip(quarters(runs[a][s][0]), quarters(runs[b][s][0]))] for s in seeds]
+            ahead = sum(x[3] > 0 for x in d)
+            lines.append(f"| {a} - {b} | " + " | ".join(ci([x[i] for x in d], sign=True) for i in range(4))
+                         + f" | {ahead}/{len(seeds)} |")
+    cols = [NAMES.get(c, c) for c in COLS]
+    lines += ["", "pass@k (64 answers per question, T = 1.0), maj@64 and greedy accuracy along training, mean [95% "
+              "CI] over seeds:", "", "| algo | step | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
+    lines.append("| start | 0 | " + " | ".join(
+        ci([next(iter(runs.values()))[s][1][0][c] for s in seeds]) for c in COLS) + " |")
+    for algo, by_seed in runs.items():
+        for i, step in enumerate(steps[1:], 1):
+            lines.append(f"| {algo} | {step} | " + " | ".join(
+                ci([ev[i][c] for _, ev in by_seed.values()]) for c in COLS) + " |")
+    lines += ["", "Paired by seed, minus the starting policy (same questions):", "",
+              "| algo | step | " + " | ".join(f"Δ {c}" for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for algo, by_seed in runs.items():
+        for i, step in enumerate(steps[1:], 1):
+            lines.append(f"| {algo} | {step} | " + " | ".join(
+                ci([ev[i][c] - ev[0][c] for _, ev in by_seed.values()], sign=True) for c in COLS) + " |")
+    lines += ["", "Paired by seed, between algorithms:", "",
+              "| difference | step | " + " | ".join(f"Δ {c}" for c in cols) + " |", "|---|---|" + "---|" * len(cols)]
+    for a, b in PAIRS:
+        if a in runs and b in runs:
+            for i, step in enumerate(steps[1:], 1):
+                lines.append(f"| {a} - {b} | {step} | " + " | ".join(
+                    ci([runs[a][s][1][i][c] - runs[b][s][1][i][c] for s in seeds], sign=True) for c in COLS) + " |")
+    return lines
+
+
+def band(curves, n=10000, seed=0):
+    import numpy as np
+    x = np.asarray(curves, float)
+    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
+    means = x[idx].mean(1)
+    return x.mean(0), np.percentile(means, 2.5, 0), np.percentile(means, 97.5, 0)
+
+
+def plot(runs, title, png):
+    """Train reward (10-step mean); pass@1, pass@64 and maj@64 at each eval; Δ pass@k against the start at the end."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    fig, (ax_r, ax_p, ax_d) = plt.subplots(1, 3, figsize=(16, 4.4))
+    for i, (algo, by_seed) in enumerate(runs.items()):
+        color = f"C{i}"
+        mean, lo, hi = band([moving_average([x["reward_mean"] for x in tr]) for tr, _ in by_seed.values()])
+        x = np.arange(10, 10 + len(mean))
+        ax_r.plot(x, mean, color=color, label=f"{algo} (n={len(by_seed)})")
+        ax_r.fill_between(x, lo, hi, color=color, alpha=0.2)
+        steps = [e["step"] for e in next(iter(by_seed.values()))[1]]
+        for col, ls in (("pass@1", "-"), ("pass@64", "--"), ("maj@64", ":")):
+            mean, lo, hi = band([[e[col] for e in ev] for _, ev in by_seed.values()])
+            ax_p.plot(steps, mean, color=color, ls=ls, marker="o", ms=3, label=f"{algo} {col}")
+            ax_p.fill_between(steps, lo, hi, color=color, alpha=0.12)
+        mean, lo, hi = band([[ev[-1][f"pass@{k}"] - ev[0][f"pass@{k}"] for k in KS] for _, ev in by_seed.values()])
+        ax_d.plot(KS, mean, color=color, marker="o", ms=3, label=algo)
+        ax_d.fill_between(KS, lo, hi, color=color, alpha=0.15)
+    ax_r.set(title=f"{title}: train reward (10-step mean)", xlabel="step", ylim=(0, 1))
+    ax_p.set(title="held-out: pass@1 (—), pass@64 (--), maj@64 (:)", xlabel="step", ylim=(0, 1))
+    ax_d.axhline(0, color="black", lw=0.8)
+    ax_d.set(xscale="log", title="end minus start, paired by seed", xlabel="k", ylabel="Δ pass@k")
+    ax_d.set_xticks(KS)
+    ax_d.set_xticklabels([str(k) for k in KS])
+    for ax in (ax_r, ax_p, ax_d):
+        ax.grid(alpha=0.3)
+    ax_r.legend(loc="lower right", fontsize=8)
+    ax_p.legend(loc="lower right", fontsize=7, ncol=2)
+    ax_d.legend(loc="lower left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(png, dpi=90)
+    plt.close(fig)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--setting", required=True, help="a folder of RESULTS written by seeds.py run --eval-samples")
+    p.add_argument("--md", default=None)
+    p.add_argument("--png", default=None)
+    a = p.parse_args()
+    runs = load(os.path.join(HERE, a.setting))
+    seeds = list(next(iter(runs.values())))
+    lines = [f"{a.setting}: seeds {seeds}; 64 answers per question at T = 1.0 on each seed's 200 held-out "
+             "questions at each eval.", ""] + tables(runs)
+    text = "\n".join(lines)
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(text + "\n")
+    if a.png:
+        plot(runs, a.setting, a.png)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,149 @@
+"""SmolLM2-135M-Instruct on arith across the pass@k spectrum (issue 20 part 4): pass@k for k = 1, 2, 4, 8, 16 and
+maj@16 of 16 answers per question sampled at the training temperature (0.7), on the first 100 held-out questions of
+each seed, for the starting policy and for the final model of each 100-step run of section 5's command (rerun into
+runs/smollm2_passk/, metrics in RESULTS/smollm2_passk/<algo>_seed<k>.jsonl.gz).
+
+`eval` runs grpo.py's own evaluate (the section-5 flags plus --eval-n 100 --eval-samples 16; the sampler is seeded
+from --seed, so every policy of one seed is judged on the same questions with the same sampler seed) and appends
+one line to RESULTS/smollm2_passk/passk.jsonl; a name already there is skipped. `summarize` writes the tables,
+including the new runs' train lines against section 5's files (results/smollm2_arith/).
+
+    python results/smollm2_passk.py eval --name grpo_seed0 --model runs/smollm2_passk/grpo_seed0 --seed 0
+    python results/smollm2_passk.py eval --name start_seed0 --model smollm2 --seed 0
+    python results/smollm2_passk.py summarize --md results/smollm2_passk/passk.md
+"""
+import argparse
+import gzip
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+FOLDER = os.path.join(HERE, "smollm2_passk")
+SECTION5 = os.path.join(HERE, "smollm2_arith")
+RECORDS = os.path.join(FOLDER, "passk.jsonl")
+ALGOS = ["grpo", "reinforce"]
+K, N = 16, 100
+COLS = [f"pass@{k}" for k in (1, 2, 4, 8, 16)] + [f"maj@{K}", "acc_lenient"]
+FLAGS = ["--dataset", "arith", "--G", "8", "--batch-prompts", "2", "--max-new-tokens", "64", "--temperature", "0.7",
+         "--dtype", "bfloat16", "--eval-n", str(N), "--eval-samples", str(K)]
+TIMING = {"step_s", "gen_s", "gen_tok_per_s"}
+
+
+def evaluate(name, model_name, seed):
+    import torch
+    import grpo
+    records = read_records()
+    if name in records:
+        print(f"{name}: already in {RECORDS}")
+        return
+    torch.set_num_threads(1)
+    args = grpo.get_args(["--model", model_name, "--seed", str(seed)] + FLAGS)
+    model, tokenizer, eos_ids = grpo.load_model(model_name, torch.device("cpu"))
+    _, test_rows = grpo.load_data("arith", seed)
+    t0 = time.time()
+    result = grpo.evaluate(model, tokenizer, test_rows, eos_ids, args)
+    record = {"name": name, "model": model_name, "seed": seed, "flags": FLAGS, "seconds": round(time.time() - t0, 1),
+              "threads": torch.get_num_threads(), **result}
+    os.makedirs(FOLDER, exist_ok=True)
+    with open(RECORDS, "a") as f:
+        f.write(json.dumps(record) + "\n")
+    print(json.dumps({k: v for k, v in record.items() if k not in ("samples", "correct", "correct_strict")}))
+
+
+def read_records():
+    if not os.path.exists(RECORDS):
+        return {}
+    with open(RECORDS) as f:
+        return {r["name"]: r for r in map(json.loads, f)}
+
+
+def read_run(path):
+    with gzip.open(path, "rt") as f:
+        return [json.loads(line) for line in f]
+
+
+def paired_ci(start, end, col, n=10000, seed=0):
+    """Mean over seeds of (end - start) on `col`, with a 95% bootstrap CI that resamples questions within each seed
+    (the per-question counts of right answers are in each record's `correct`)."""
+    import numpy as np
+    from grpo import pass_at_k
+    rng = np.random.default_rng(seed)
+    k = int(col.split("@")[1])
+    diffs = [np.array([pass_at_k(K, b, k) - pass_at_k(K, a, k) for a, b in zip(start[s]["correct"], end[s]["correct"])])
+             for s in start]
+    boots = np.mean([d[rng.integers(0, len(d), (n, len(d)))].mean(1) for d in diffs], 0)
+    return f"{np.mean([d.mean() for d in diffs]):+.3f} [{np.percentile(boots, 2.5):+.3f}, " \
+           f"{np.percentile(boots, 97.5):+.3f}]"
+
+
+def summarize(md):
+    import statistics
+    records = read_records()
+    seeds = sorted(r["seed"] for name, r in records.items() if name.startswith("start_seed")
+                   and all(f"{a}_seed{r['seed']}" in records for a in ALGOS))
+    policies = {"start": {s: records[f"start_seed{s}"] for s in seeds}}
+    policies.update({a: {s: records[f"{a}_seed{s}"] for s in seeds} for a in ALGOS})
+    head = "| policy | seed | " + " | ".join(c.replace("acc_lenient", "greedy") for c in COLS) + " | seconds |"
+    lines = [f"SmolLM2-135M-Instruct on arith, section 5's command (100 steps, lr 1e-5, T 0.7); {K} answers per "
+             f"question sampled at T = 0.7 on the first {N} held-out questions of each seed; seeds {seeds}.", "",
+             head, "|---|---|" + "---|" * (len(COLS) + 1)]
+    for name, by_seed in policies.items():
+        for s, r in by_seed.items():
+            lines.append(f"| {name} | {s} | " + " | ".join(f"{r[c]:.3f}" for c in COLS) + f" | {r['seconds']:.0f} |")
+    lines += ["", "Mean over seeds:", "", head.replace(" seed |", "").replace(" seconds |", ""),
+              "|---|" + "---|" * len(COLS)]
+    for name, by_seed in policies.items():
+        lines.append(f"| {name} | " + " | ".join(f"{statistics.mean(r[c] for r in by_seed.values()):.3f}"
+                                                for c in COLS) + " |")
+    passk = [c for c in COLS if c.startswith("pass@")]
+    lines += ["", "Paired differences (same seed, same questions), mean over seeds [95% CI, questions resampled "
+              "within each seed]:", "", "| difference | " + " | ".join(passk) + " |", "|---|" + "---|" * len(passk)]
+    for a, b in [("grpo", "start"), ("reinforce", "start"), ("reinforce", "grpo")]:
+        lines.append(f"| {a} - {b} | " + " | ".join(paired_ci(policies[b], policies[a], c) for c in passk) + " |")
+    lines += ["", "The new runs against section 5's (results/smollm2_arith/), same command and seed:", "",
+              "| run | step-0 greedy (new / section 5) | train lines equal | train reward AUC (new / section 5) "
+              "| entropy, last 10 (new / section 5) | greedy lenient, step 100 (new / section 5) |",
+              "|---|---|---|---|---|---|"]
+    for a in ALGOS:
+        for s in seeds:
+            new, old = (read_run(os.path.join(d, f"{a}_seed{s}.jsonl.gz")) for d in (FOLDER, SECTION5))
+            ev = [[x for x in run if x["type"] == "eval"] for run in (new, old)]
+            tr = [[x for x in run if x["type"] == "train"] for run in (new, old)]
+            untimed = lambda x: {k: v for k, v in x.items() if k not in TIMING}  # noqa: E731
+            same = sum(untimed(x) == untimed(y) for x, y in zip(*tr))
+            auc = [statistics.mean(x["reward_mean"] for x in t) for t in tr]
+            ent = [statistics.mean(x["entropy"] for x in t[-10:]) for t in tr]
+            lines.append(f"| {a}_seed{s} | {ev[0][0]['acc_lenient']:.3f} ({ev[0][0]['acc_strict']:.3f}) / "
+                         f"{ev[1][0]['acc_lenient']:.3f} ({ev[1][0]['acc_strict']:.3f}) | {same}/{len(tr[0])} | "
+                         f"{auc[0]:.3f} / {auc[1]:.3f} | {ent[0]:.3f} / {ent[1]:.3f} | "
+                         f"{ev[0][-1]['acc_lenient']:.3f} / {ev[1][-1]['acc_lenient']:.3f} |")
+    text = "\n".join(lines)
+    with open(md, "w") as f:
+        f.write(text + "\n")
+    print(text)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("eval", help="sampled evaluation of one policy")
+    e.add_argument("--name", required=True, help="start_seed<k> or <algo>_seed<k>")
+    e.add_argument("--model", required=True, help="smollm2 (the starting policy) or a run's output folder")
+    e.add_argument("--seed", type=int, required=True, help="draws the held-out questions and seeds the sampler")
+    s = sub.add_parser("summarize", help="the tables")
+    s.add_argument("--md", required=True)
+    a = p.parse_args()
+    if a.cmd == "eval":
+        evaluate(a.name, a.model, a.seed)
+    else:
+        summarize(a.md)
+
+
+if __name__ == "__main__":
+    main()
