@@ -12,7 +12,8 @@ each seed has its own 200 questions, not resampled within a seed. Steps to 0.5 a
 `seeds.py summarize` on the same setting.
 
 Usage:
-    python results/horizon.py --setting tiny30_lr3e-4_B16_500steps_passk --md OUT.md --png OUT.png
+    python results/horizon.py --setting tiny60_lr3e-4_B16_1000steps_passk --md OUT.md --png OUT.png
+    python results/horizon.py --sweep --setting tiny30_lr3e-4_B16_500steps_passk tiny30_lr1e-3_B16_500steps_passk
 """
 import argparse
 import gzip
@@ -152,22 +153,54 @@ def plot(runs, title, png):
     plt.close(fig)
 
 
+def sweep(settings):
+    """One row per run of the sweep settings: how far the train reward got, and the spectrum at the start and end."""
+    from seeds import steps_to
+    lines = ["| setting | algo | seed | train reward, first 50 steps → last 50 | best 10-step mean | steps to 0.5 "
+             "| steps to 0.8 | pass@1 start → end | pass@64 start → end | maj@64 start → end | entropy, last 20 "
+             "| KL, last 20 |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for setting in settings:
+        folder = os.path.join(HERE, setting)
+        for algo in ALGOS:
+            for name in sorted(os.listdir(folder)):
+                if not (name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz")):
+                    continue
+                with gzip.open(os.path.join(folder, name), "rt") as f:
+                    lines_ = [json.loads(line) for line in f]
+                train = [x for x in lines_ if x["type"] == "train"]
+                ev = [x for x in lines_ if x["type"] == "eval"]
+                r = [x["reward_mean"] for x in train]
+                last = lambda k: sum(x[k] for x in train[-20:]) / 20  # noqa: E731
+                hit = [steps_to(r, t) for t in (0.5, 0.8)]
+                lines.append(f"| {setting} | {algo} | {name[len(algo) + 5:-9]} | {sum(r[:50]) / 50:.3f} → "
+                             f"{sum(r[-50:]) / 50:.3f} | {max(moving_average(r)):.3f} | "
+                             + " | ".join(f"{h:.0f}" if h < float("inf") else "never" for h in hit) + " | "
+                             + " | ".join(f"{ev[0][c]:.3f} → {ev[-1][c]:.3f}" for c in ("pass@1", "pass@64", "maj@64"))
+                             + f" | {last('entropy'):.3f} | {last('kl'):.3f} |")
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--setting", required=True, help="a folder of RESULTS written by seeds.py run --eval-samples")
+    p.add_argument("--setting", nargs="+", required=True,
+                   help="a folder of RESULTS written by seeds.py run --eval-samples; with --sweep, several")
+    p.add_argument("--sweep", action="store_true", help="one row per run of each setting (the lr / batch sweep)")
     p.add_argument("--md", default=None)
     p.add_argument("--png", default=None)
     a = p.parse_args()
-    runs = load(os.path.join(HERE, a.setting))
-    seeds = list(next(iter(runs.values())))
-    lines = [f"{a.setting}: seeds {seeds}; 64 answers per question at T = 1.0 on each seed's 200 held-out "
-             "questions at each eval.", ""] + tables(runs)
+    if a.sweep:
+        lines = sweep(a.setting)
+    else:
+        runs = load(os.path.join(HERE, a.setting[0]))
+        seeds = list(next(iter(runs.values())))
+        lines = [f"{a.setting[0]}: seeds {seeds}; 64 answers per question at T = 1.0 on each seed's 200 held-out "
+                 "questions at each eval.", ""] + tables(runs)
     text = "\n".join(lines)
     if a.md:
         with open(a.md, "w") as f:
             f.write(text + "\n")
-    if a.png:
-        plot(runs, a.setting, a.png)
+    if a.png and not a.sweep:
+        plot(runs, a.setting[0], a.png)
     print(text)
 
 

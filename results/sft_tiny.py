@@ -22,8 +22,15 @@ evaluation sampling under torch.random.fork_rng, one thread; the same seed gives
 selection.json). Checkpoints are stored in float16 to keep them small (1.4 MB each); training runs in float32,
 and every accuracy is measured on the stored float16 weights, loaded in float32 as grpo.py loads them.
 
-Usage (about 10 minutes on one thread):
-    OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --out results/tiny_policy
+The sampled accuracies (and so which step is closest to a target) depend on how grpo.generate draws its random
+numbers, which issue 19 changed; the weights at a given step do not. --pick NAME=STEP keeps exactly those steps
+(and measures only them), and --expect FILE checks their sha256 against a selection.json: this is how the
+study's policies are remade (they are not stored in results/, to keep it small).
+
+Usage (about 10 minutes on one thread; with --pick about 3):
+    OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --out runs/tiny_policy_targets
+    OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --pick ckpt05=60 ckpt30=230 ckpt60=820 \
+        --expect results/tiny_policy/picked.json --out runs/tiny_policy
 """
 import argparse
 import copy
@@ -135,8 +142,14 @@ def main():
     p.add_argument("--names", nargs="+", default=["ckpt05", "ckpt30"], help="folder names for the --targets")
     p.add_argument("--eval-seeds", type=int, default=2, help="held-out set: test questions of grpo seeds 0..N-1")
     p.add_argument("--work", default="/tmp/sft_tiny", help="where every checkpoint goes (deleted and remade)")
-    p.add_argument("--out", default=os.path.join(HERE, "tiny_policy"))
+    p.add_argument("--pick", nargs="+", metavar="NAME=STEP", default=None,
+                   help="keep the checkpoints of exactly these steps instead of the --targets")
+    p.add_argument("--expect", default=None, help="a selection.json whose sha256 of each picked NAME must match")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "runs", "tiny_policy"))
     a = p.parse_args()
+    picks = {name: int(step) for name, step in (x.split("=") for x in a.pick)} if a.pick else None
+    if picks:
+        a.steps = max(picks.values())
     torch.set_num_threads(1)
     t0 = time.time()
     cpu0 = time.process_time()
@@ -178,16 +191,18 @@ def main():
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % a.save_every == 0:
+        if (step in picks.values()) if picks else step % a.save_every == 0:
             rec = checkpoint(step)
             rec["loss"] = loss.item()
-            if rec["sampled_lenient"] > max(a.targets) + 0.1:
+            if not picks and rec["sampled_lenient"] > max(a.targets) + 0.1:
                 break  # every target is behind us
 
     selection = {"seed": a.seed, "eval": f"sampled, T=1.0, lenient reward, {len(evalset)} held-out questions "
                                           f"(test sets of grpo.py --dataset arith --seed 0..{a.eval_seeds - 1})"}
-    for target, name in zip(a.targets, a.names):
-        best = min(log, key=lambda r: (abs(r["sampled_lenient"] - target), r["step"]))
+    chosen = {name: (None, next(r for r in log if r["step"] == step)) for name, step in picks.items()} if picks else {
+        name: (target, min(log, key=lambda r: (abs(r["sampled_lenient"] - target), r["step"])))
+        for target, name in zip(a.targets, a.names)}
+    for name, (target, best) in chosen.items():
         src = os.path.join(a.work, f"step{best['step']:05d}")
         dst = os.path.join(a.out, name)
         shutil.rmtree(dst, ignore_errors=True)
@@ -204,6 +219,15 @@ def main():
     with open(os.path.join(a.out, "selection.json"), "w") as f:
         json.dump(selection, f, indent=1)
     print(json.dumps(selection, indent=1))
+    if a.expect:
+        with open(a.expect) as f:
+            expected = json.load(f)
+        for name in chosen:
+            if selection[name]["sha256"] != expected[name]["sha256"]:
+                sys.exit(f"error: {name} (step {selection[name]['step']}) has sha256 {selection[name]['sha256']}, "
+                         f"{a.expect} says {expected[name]['sha256']}: another torch version or code made other "
+                         "weights; the study's numbers were measured on the expected ones")
+        print(f"sha256 of {', '.join(chosen)} as in {a.expect}")
 
 
 if __name__ == "__main__":
