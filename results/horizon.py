@@ -23,7 +23,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from seeds import ALGOS, bootstrap_ci, moving_average  # noqa: E402
+from passk import band, ci  # noqa: E402
+from seeds import ALGOS, moving_average  # noqa: E402
 
 KS = [1, 2, 4, 8, 16, 32, 64]
 COLS = ["pass@1", "pass@4", "pass@16", "pass@64", "maj@64", "acc_lenient"]
@@ -48,13 +49,6 @@ def load(folder):
         starts = {json.dumps(by_seed[s][1][0]["correct"]) for by_seed in runs.values()}
         assert len(starts) == 1, f"step-0 evals differ on seed {s}"
     return runs
-
-
-def ci(values, digits=3, sign=False):
-    import numpy as np
-    lo, hi = bootstrap_ci(values)
-    f = f"{{:{'+' if sign else ''}.{digits}f}}"
-    return f"{f.format(np.mean(values))} [{f.format(lo)}, {f.format(hi)}]"
 
 
 def quarters(train):
@@ -108,14 +102,6 @@ def tables(runs):
     return lines
 
 
-def band(curves, n=10000, seed=0):
-    import numpy as np
-    x = np.asarray(curves, float)
-    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
-    means = x[idx].mean(1)
-    return x.mean(0), np.percentile(means, 2.5, 0), np.percentile(means, 97.5, 0)
-
-
 def plot(runs, title, png):
     """Train reward (10-step mean); pass@1, pass@64 and maj@64 at each eval; Δ pass@k against the start at the end."""
     import matplotlib
@@ -137,7 +123,8 @@ def plot(runs, title, png):
         mean, lo, hi = band([[ev[-1][f"pass@{k}"] - ev[0][f"pass@{k}"] for k in KS] for _, ev in by_seed.values()])
         ax_d.plot(KS, mean, color=color, marker="o", ms=3, label=algo)
         ax_d.fill_between(KS, lo, hi, color=color, alpha=0.15)
-    ax_r.set(title=f"{title}: train reward (10-step mean)", xlabel="step", ylim=(0, 1))
+    ax_r.set(title="train reward (10-step mean)", xlabel="step", ylim=(0, 1))
+    fig.suptitle(title, fontsize=10)
     ax_p.set(title="held-out: pass@1 (—), pass@64 (--), maj@64 (:)", xlabel="step", ylim=(0, 1))
     ax_d.axhline(0, color="black", lw=0.8)
     ax_d.set(xscale="log", title="end minus start, paired by seed", xlabel="k", ylabel="Δ pass@k")
