@@ -95,8 +95,7 @@ OMP_NUM_THREADS=1 $S --policy tiny30=runs/tiny_policy/ckpt30 --lr 1e-3 --steps 5
 OMP_NUM_THREADS=1 $S --policy tiny45=runs/tiny_policy/ckpt45 --lr 3e-4 --steps 500 --algos grpo
 OMP_NUM_THREADS=1 $S --policy tiny60=runs/tiny_policy/ckpt60 --lr 3e-4 --steps 500 --algos grpo
 python results/horizon.py --sweep --setting tiny30_lr3e-4_B16_500steps_passk tiny30_lr1e-3_B16_500steps_passk \
-  tiny45_lr3e-4_B16_500steps_passk tiny60_lr3e-4_B16_500steps_passk tiny60_lr3e-4_B16_1000steps_passk \
-  --md results/horizon_sweep.md
+  tiny45_lr3e-4_B16_500steps_passk tiny60_lr3e-4_B16_500steps_passk --md results/horizon_sweep.md
 H="python results/seeds.py run --policy tiny60=runs/tiny_policy/ckpt60 --eval-samples 64 --lr 3e-4 --batch-prompts 16"
 OMP_NUM_THREADS=1 $H --steps 1000 --seeds 0-9 --algos grpo reinforce
 OMP_NUM_THREADS=1 $H --steps 1000 --seeds 0-9 --algos negative
