@@ -16,7 +16,6 @@ Usage:
     python results/horizon.py --sweep --setting tiny30_lr3e-4_B16_500steps_passk tiny30_lr1e-3_B16_500steps_passk
 """
 import argparse
-import gzip
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from passk import band, ci  # noqa: E402
-from seeds import ALGOS, moving_average  # noqa: E402
+from seeds import ALGOS, moving_average, read_run  # noqa: E402
 
 KS = [1, 2, 4, 8, 16, 32, 64]
 COLS = ["pass@1", "pass@4", "pass@16", "pass@64", "maj@64", "acc_lenient"]
@@ -38,11 +37,8 @@ def load(folder):
     for algo in ALGOS:
         for name in sorted(os.listdir(folder)):
             if name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz"):
-                with gzip.open(os.path.join(folder, name), "rt") as f:
-                    lines = [json.loads(line) for line in f]
-                seed = int(name[len(f"{algo}_seed"):-len(".jsonl.gz")])
-                runs.setdefault(algo, {})[seed] = ([x for x in lines if x["type"] == "train"],
-                                                   [x for x in lines if x["type"] == "eval"])
+                config, train, evals = read_run(os.path.join(folder, name))
+                runs.setdefault(algo, {})[config["seed"]] = (train, evals)
     common = set.intersection(*(set(by_seed) for by_seed in runs.values()))
     runs = {a: {s: by_seed[s] for s in sorted(common)} for a, by_seed in runs.items()}
     for s in common:  # the starting policy, judged with the same sampler seed: one draw per seed
@@ -166,17 +162,14 @@ def sweep(settings):
             for name in sorted(os.listdir(folder)):
                 if not (name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz")):
                     continue
-                with gzip.open(os.path.join(folder, name), "rt") as f:
-                    records = [json.loads(line) for line in f]
-                train = [x for x in records if x["type"] == "train"]
-                ev = [x for x in records if x["type"] == "eval"]
+                config, train, ev = read_run(os.path.join(folder, name))
                 r = [x["reward_mean"] for x in train]
                 last = lambda k: sum(x[k] for x in train[-20:]) / 20  # noqa: E731
                 hit = [steps_to(r, t) for t in (0.5, 0.8)]
-                cells = [setting, algo, str(records[0]["seed"]), f"{sum(r[:50]) / 50:.3f} → {sum(r[-50:]) / 50:.3f}",
+                cells = [setting, algo, str(config["seed"]), f"{sum(r[:50]) / 50:.3f} → {sum(r[-50:]) / 50:.3f}",
                          f"{max(moving_average(r)):.3f}", *(f"{h:.0f}" if h < float("inf") else "never" for h in hit),
                          *(f"{ev[0][c]:.3f} → {ev[-1][c]:.3f}" for c in ("pass@1", "pass@64", "maj@64")),
-                         f"{last('entropy'):.3f}", f"{last('kl'):.3f}", by_kind(records[0]["seed"], ev[0], ev[-1])]
+                         f"{last('entropy'):.3f}", f"{last('kl'):.3f}", by_kind(config["seed"], ev[0], ev[-1])]
                 lines.append("| " + " | ".join(cells) + " |")
     return lines
 

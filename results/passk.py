@@ -14,14 +14,12 @@ Usage:
     python results/passk.py --md results/tiny30_passk/passk.md --png results/tiny30_passk/passk.png
 """
 import argparse
-import gzip
-import json
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from seeds import ALGOS, bootstrap_ci  # noqa: E402
+from seeds import ALGOS, bootstrap_ci, read_run  # noqa: E402
 
 KS = [1, 2, 4, 8, 16, 32, 64]
 COLS = [f"pass@{k}" for k in KS] + ["maj@64", "acc_lenient"]
@@ -30,11 +28,8 @@ PAIRS = [("reinforce", "grpo"), ("negative", "grpo"), ("drgrpo_seq", "grpo"), ("
 
 
 def read_evals(path):
-    with gzip.open(path, "rt") as f:
-        lines = [json.loads(line) for line in f]
-    evals = [x for x in lines if x["type"] == "eval"]
-    train = [x for x in lines if x["type"] == "train"]
-    return lines[0], evals[0], evals[-1], train
+    config, train, evals = read_run(path)
+    return config, evals[0], evals[-1], train
 
 
 def load(folder, seeds=None):

@@ -13,7 +13,6 @@ including the new runs' train lines against section 5's files (results/smollm2_a
     python results/smollm2_passk.py summarize --md results/smollm2_passk/passk.md
 """
 import argparse
-import gzip
 import json
 import os
 import sys
@@ -23,6 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
+from seeds import read_run  # noqa: E402
 
 FOLDER = os.path.join(HERE, "smollm2_passk")
 SECTION5 = os.path.join(HERE, "smollm2_arith")
@@ -61,11 +61,6 @@ def read_records():
         return {}
     with open(RECORDS) as f:
         return {r["name"]: r for r in map(json.loads, f)}
-
-
-def read_run(path):
-    with gzip.open(path, "rt") as f:
-        return [json.loads(line) for line in f]
 
 
 def paired_ci(start, end, col, n=10000, seed=0):
@@ -118,9 +113,8 @@ def summarize(md):
               "|---|---|---|---|---|---|"]
     for a in ALGOS:
         for s in seeds:
-            new, old = (read_run(os.path.join(d, f"{a}_seed{s}.jsonl.gz")) for d in (FOLDER, SECTION5))
-            ev = [[x for x in run if x["type"] == "eval"] for run in (new, old)]
-            tr = [[x for x in run if x["type"] == "train"] for run in (new, old)]
+            (_, *new), (_, *old) = (read_run(os.path.join(d, f"{a}_seed{s}.jsonl.gz")) for d in (FOLDER, SECTION5))
+            tr, ev = zip(new, old)
             untimed = lambda x: {k: v for k, v in x.items() if k not in TIMING}  # noqa: E731
             same = sum(untimed(x) == untimed(y) for x, y in zip(*tr))
             auc = [statistics.mean(x["reward_mean"] for x in t) for t in tr]
