@@ -23,7 +23,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 from passk import band, ci  # noqa: E402
-from seeds import ALGOS, moving_average, read_run  # noqa: E402
+from seeds import ALGOS, moving_average, read_run, steps_to  # noqa: E402
 
 KS = [1, 2, 4, 8, 16, 32, 64]
 COLS = ["pass@1", "pass@4", "pass@16", "pass@64", "maj@64", "acc_lenient"]
@@ -47,10 +47,24 @@ def load(folder):
     return runs
 
 
-def quarters(train):
-    """Mean train reward in each quarter of the run."""
+def quarters(train, key="reward_mean"):
+    """Mean of a train-line value (the reward by default) in each quarter of the run."""
     n = len(train) // 4
-    return [sum(x["reward_mean"] for x in train[i * n:(i + 1) * n]) / n for i in range(4)]
+    return [sum(x[key] for x in train[i * n:(i + 1) * n]) / n for i in range(4)]
+
+
+def rew(train):
+    return [x["reward_mean"] for x in train]
+
+
+def sd_ratio(x, y, n=10000, seed=0):
+    """'sd(x) / sd(y) | ratio [95% CI]' over paired per-seed values, resampling seeds."""
+    import numpy as np
+    x, y = np.asarray(x), np.asarray(y)
+    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
+    boots = x[idx].std(1, ddof=1) / np.maximum(y[idx].std(1, ddof=1), 1e-12)
+    lo, hi = np.percentile(boots, [2.5, 97.5])
+    return f"{x.std(ddof=1):.3f} / {y.std(ddof=1):.3f} | {x.std(ddof=1) / y.std(ddof=1):.1f} [{lo:.1f}, {hi:.1f}]"
 
 
 def tables(runs):
@@ -73,6 +87,36 @@ def tables(runs):
             ahead = sum(x[3] > 0 for x in d)
             lines.append(f"| {a} - {b} | " + " | ".join(ci([x[i] for x in d], sign=True) for i in range(4))
                          + f" | {ahead}/{len(seeds)} |")
+    spans = [f"steps {i * S // 4 + 1}-{(i + 1) * S // 4}" for i in range(4)]
+    lines += ["", "Entropy (nats per sampled token) per quarter of the run, mean [95% CI] over seeds; paired "
+              "differences below:", "", "| algo | " + " | ".join(spans) + " |", "|---|" + "---|" * 4]
+    for algo, by_seed in runs.items():
+        q = [quarters(tr, "entropy") for tr, _ in by_seed.values()]
+        lines.append(f"| {algo} | " + " | ".join(ci([x[i] for x in q]) for i in range(4)) + " |")
+    for a, b in PAIRS:
+        if a in runs and b in runs:
+            d = [[x - y for x, y in zip(quarters(runs[a][s][0], "entropy"), quarters(runs[b][s][0], "entropy"))]
+                 for s in seeds]
+            lines.append(f"| {a} - {b} | " + " | ".join(ci([x[i] for x in d], sign=True) for i in range(4)) + " |")
+    lines += ["", "Steps to a train reward of 0.8 (10-step trailing mean), paired by seed over the seeds where both "
+              "reached it:", "", "| difference | seeds | Δ steps to 0.8 | seeds where the first is sooner |",
+              "|---|---|---|---|"]
+    for a, b in PAIRS:
+        if a in runs and b in runs:
+            hit = [(steps_to(rew(runs[a][s][0]), 0.8), steps_to(rew(runs[b][s][0]), 0.8)) for s in seeds]
+            d = [x - y for x, y in hit if max(x, y) < float("inf")]
+            cell = ci(d, digits=0, sign=True) if d else "-"
+            lines.append(f"| {a} - {b} | {len(d)}/{len(seeds)} | {cell} | {sum(x < 0 for x in d)}/{len(d)} |")
+    lines += ["", "Spread over seeds (the seed-to-seed variance of a whole run): standard deviation over seeds of the "
+              "mean train reward of the last 50 steps and of pass@1 at the last eval; the ratio with a 95% bootstrap "
+              "CI that resamples seeds (the same seeds for both algorithms):", "",
+              "| algos | sd of reward, last 50 steps | ratio | sd of pass@1, last eval | ratio |", "|---" * 5 + "|"]
+    last50 = {a: [sum(rew(tr)[-50:]) / 50 for tr, _ in by_seed.values()] for a, by_seed in runs.items()}
+    final = {a: [ev[-1]["pass@1"] for _, ev in by_seed.values()] for a, by_seed in runs.items()}
+    for a, b in PAIRS:
+        if a in runs and b in runs:
+            cells = [f"{sd_ratio(x[a], x[b])}" for x in (last50, final)]
+            lines.append(f"| {a} / {b} | {cells[0]} | {cells[1]} |")
     cols = [NAMES.get(c, c) for c in COLS]
     lines += ["", "pass@k (64 answers per question, T = 1.0), maj@64 and greedy accuracy along training, mean [95% "
               "CI] over seeds:", "", "| algo | step | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
@@ -151,7 +195,6 @@ def by_kind(seed, first, last, n=200):
 
 def sweep(settings):
     """One row per run of the sweep settings: how far the train reward got, and the spectrum at the start and end."""
-    from seeds import steps_to
     cols = ["setting", "algo", "seed", "train reward, first 50 steps → last 50", "best 10-step mean", "steps to 0.5",
             "steps to 0.8", "pass@1 start → end", "pass@64 start → end", "maj@64 start → end", "entropy, last 20",
             "KL, last 20", "pass@1 on a + b / a - b / a * b, start → end"]
