@@ -67,6 +67,11 @@ def sd_ratio(x, y, n=10000, seed=0):
     return f"{x.std(ddof=1):.3f} / {y.std(ddof=1):.3f} | {x.std(ddof=1) / y.std(ddof=1):.1f} [{lo:.1f}, {hi:.1f}]"
 
 
+def end_minus_start(by_seed, ks):
+    """Per-seed rows of Δ pass@k, the last eval minus step 0, from one algorithm's {seed: (train, evals)}."""
+    return [[ev[-1][f"pass@{k}"] - ev[0][f"pass@{k}"] for k in ks] for _, ev in by_seed.values()]
+
+
 def tables(runs):
     seeds = list(next(iter(runs.values())))
     steps = [e["step"] for e in next(iter(runs.values()))[seeds[0]][1]]
@@ -160,7 +165,7 @@ def plot(runs, title, png):
             mean, lo, hi = band([[e[col] for e in ev] for _, ev in by_seed.values()])
             ax_p.plot(steps, mean, color=color, ls=ls, marker="o", ms=3, label=f"{algo} {col}")
             ax_p.fill_between(steps, lo, hi, color=color, alpha=0.12)
-        mean, lo, hi = band([[ev[-1][f"pass@{k}"] - ev[0][f"pass@{k}"] for k in KS] for _, ev in by_seed.values()])
+        mean, lo, hi = band(end_minus_start(by_seed, KS))
         ax_d.plot(KS, mean, color=color, marker="o", ms=3, label=algo)
         ax_d.fill_between(KS, lo, hi, color=color, alpha=0.15)
     ax_r.set(title="train reward (10-step mean)", xlabel="step", ylim=(0, 1))

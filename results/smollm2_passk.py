@@ -63,25 +63,35 @@ def read_records():
         return {r["name"]: r for r in map(json.loads, f)}
 
 
-def paired_ci(start, end, col, n=10000, seed=0):
-    """Mean over seeds of (end - start) on `col`, with a 95% bootstrap CI that resamples questions within each seed
+def complete_seeds(records):
+    """The seeds whose start and every algorithm's final model have been evaluated."""
+    return sorted(r["seed"] for name, r in records.items() if name.startswith("start_seed")
+                  and all(f"{a}_seed{r['seed']}" in records for a in ALGOS))
+
+
+def paired_boots(start, end, k, n=10000, seed=0):
+    """Mean over seeds of (end - start) in pass@k, and its n bootstrap means resampling questions within each seed
     (the per-question counts of right answers are in each record's `correct`)."""
     import numpy as np
     from grpo import pass_at_k
     rng = np.random.default_rng(seed)
-    k = int(col.split("@")[1])
     diffs = [np.array([pass_at_k(K, b, k) - pass_at_k(K, a, k) for a, b in zip(start[s]["correct"], end[s]["correct"])])
              for s in start]
     boots = np.mean([d[rng.integers(0, len(d), (n, len(d)))].mean(1) for d in diffs], 0)
-    return f"{np.mean([d.mean() for d in diffs]):+.3f} [{np.percentile(boots, 2.5):+.3f}, " \
-           f"{np.percentile(boots, 97.5):+.3f}]"
+    return np.mean([d.mean() for d in diffs]), boots
+
+
+def paired_ci(start, end, col):
+    """`col` (pass@k) of end minus start, mean over seeds with a 95% CI that resamples questions within each seed."""
+    import numpy as np
+    mean, boots = paired_boots(start, end, int(col.split("@")[1]))
+    return f"{mean:+.3f} [{np.percentile(boots, 2.5):+.3f}, {np.percentile(boots, 97.5):+.3f}]"
 
 
 def summarize(md):
     import statistics
     records = read_records()
-    seeds = sorted(r["seed"] for name, r in records.items() if name.startswith("start_seed")
-                   and all(f"{a}_seed{r['seed']}" in records for a in ALGOS))
+    seeds = complete_seeds(records)
     policies = {"start": {s: records[f"start_seed{s}"] for s in seeds}}
     policies.update({a: {s: records[f"{a}_seed{s}"] for s in seeds} for a in ALGOS})
     head = "| policy | seed | " + " | ".join(c.replace("acc_lenient", "greedy") for c in COLS) + " | seconds |"

@@ -23,31 +23,19 @@ import smollm2_passk  # noqa: E402
 COLORS = {"grpo": "C0", "reinforce": "C1", "drgrpo_seq": "C2", "negative": "C3"}
 
 
-def tiny_curves(runs, ks):
-    """{algo: per-seed rows of Δ pass@k (last eval minus step 0)} from horizon.load's {algo: {seed: (train, evals)}}."""
-    return {algo: [[ev[-1][f"pass@{k}"] - ev[0][f"pass@{k}"] for k in ks] for _, ev in by_seed.values()]
-            for algo, by_seed in runs.items()}
-
-
-def smollm2_bands(ks, n=10000, seed=0):
+def smollm2_bands(ks):
     """{algo: (mean, lo, hi)} of Δ pass@k against the start, questions resampled within each seed; the seeds; the
     start's mean pass@1."""
     import numpy as np
-    from grpo import pass_at_k
     records = smollm2_passk.read_records()
-    seeds = sorted(r["seed"] for name, r in records.items() if name.startswith("start_seed")
-                   and all(f"{a}_seed{r['seed']}" in records for a in smollm2_passk.ALGOS))
-    rng = np.random.default_rng(seed)
+    seeds = smollm2_passk.complete_seeds(records)
+    start = {s: records[f"start_seed{s}"] for s in seeds}
     bands = {}
     for algo in smollm2_passk.ALGOS:
-        per_seed = []  # per seed: questions x k of Δ pass@k
-        for s in seeds:
-            start, end = records[f"start_seed{s}"]["correct"], records[f"{algo}_seed{s}"]["correct"]
-            per_seed.append(np.array([[pass_at_k(smollm2_passk.K, b, k) - pass_at_k(smollm2_passk.K, a, k)
-                                       for k in ks] for a, b in zip(start, end)]))
-        boots = np.mean([d[rng.integers(0, len(d), (n, len(d)))].mean(1) for d in per_seed], 0)
-        bands[algo] = (np.mean([d.mean(0) for d in per_seed], 0), *np.percentile(boots, [2.5, 97.5], 0))
-    return bands, seeds, np.mean([records[f"start_seed{s}"]["pass@1"] for s in seeds])
+        end = {s: records[f"{algo}_seed{s}"] for s in seeds}
+        means, boots = zip(*(smollm2_passk.paired_boots(start, end, k) for k in ks))
+        bands[algo] = (np.array(means), *np.percentile(np.array(boots), [2.5, 97.5], 1))
+    return bands, seeds, np.mean([r["pass@1"] for r in start.values()])
 
 
 def main():
@@ -67,7 +55,7 @@ def main():
     runs = horizon.load(os.path.join(HERE, "tiny60_lr3e-4_B16_1000steps_passk"))
     start60 = [ev[0]["pass@1"] for _, ev in next(iter(runs.values())).values()]
     panels.append((f"tiny60, 1000 steps (start pass@1 {sum(start60) / len(start60):.2f})", ks64,
-                   {algo: passk.band(rows) for algo, rows in tiny_curves(runs, ks64).items()},
+                   {algo: passk.band(horizon.end_minus_start(by_seed, ks64)) for algo, by_seed in runs.items()},
                    f"{len(next(iter(runs.values())))} seeds"))
     bands, seeds, start = smollm2_bands(ks16)
     panels.append((f"SmolLM2-135M, 100 steps (start pass@1 {start:.2f})", ks16, bands,
