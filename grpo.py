@@ -213,26 +213,23 @@ def fewshot_prefix(train_rows, n, seed):
 
 # Reward: 1.0 if the extracted final number equals the reference, else 0.0. ------------------------
 
-_NUMBER = re.compile(r"-?[0-9][0-9,]*(?:\.[0-9]+)?")  # ASCII digits; commas allowed inside; no trailing '.'
+# ASCII digits; a comma only before exactly three digits ('3,4,5' is three numbers); '.5' is a number; no trailing '.'
+_NUMBER = re.compile(r"-?(?:(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+|[0-9]+)(?:\.[0-9]+)?|(?<!\w)\.[0-9]+)")
 
 
 def extract_answer(text: str, strict: bool = False) -> str | None:
     """The number after the last '####'; else, unless strict, the last number in the text. '$' and thousands commas
-    are dropped, a trailing '.' is never part of it, signs and decimals are kept: '#### $-1,234.5.' -> '-1234.5'."""
+    are dropped, a trailing '.' is never part of it, signs and decimals are kept: '#### $-1,234.5.' -> '-1234.5',
+    '#### $.50' -> '.50'. A comma not followed by exactly three digits separates numbers: '#### 3,4,5' -> '3'."""
     text = text.replace("$", "")
     if "####" in text:
         found = _NUMBER.search(text.rsplit("####", 1)[1])
         if found:
-            return _clean(found.group())
+            return found.group().replace(",", "")
     if strict:
         return None
     found = _NUMBER.findall(text)
-    return _clean(found[-1]) if found else None
-
-
-def _clean(number):
-    number = number.replace(",", "")
-    return number if _NUMBER.fullmatch(number) else None  # e.g. '-,' is not a number
+    return found[-1].replace(",", "") if found else None
 
 
 def answers_equal(a, b):

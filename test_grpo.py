@@ -196,6 +196,14 @@ def test_advantages_shape_for_B_times_G():
     ("total 10 #### none", False, "10"),            # nothing after ####: lenient falls back
     ("total 10 #### none", True, None),
     ("#### -1,000,000", True, "-1000000"),
+    ("Each costs $.50\n#### .5", False, ".5"),     # a leading-dot decimal is a number, not 5
+    ("#### -.25", True, "-.25"),
+    ("The price fell to .5", False, ".5"),
+    ("see Eq.3 for 4", False, "4"),                 # a dot after a letter starts no number
+    ("#### 3,4,5", False, "3"),                     # a comma before other than three digits separates numbers
+    ("the sides are 3,4,5", False, "5"),
+    ("#### 1,2345", False, "1"),
+    ("#### 12,345,67", False, "12345"),
 ])
 def test_extract_answer(text, strict, expected):
     assert grpo.extract_answer(text, strict=strict) == expected
@@ -204,6 +212,7 @@ def test_extract_answer(text, strict, expected):
 @pytest.mark.parametrize("completion, ref, expected", [
     ("#### 18.0", "18", 1.0), ("#### 18", "18.00", 1.0), ("#### 18.5", "18", 0.0), ("#### -18", "18", 0.0),
     ("#### 1,234", "1234", 1.0), ("nothing", "3", 0.0), ("#### 0", "-0", 1.0),
+    ("Each costs $.50\n#### .5", "0.5", 1.0), ("Each costs $.50\n#### .5", "5", 0.0), ("#### 3,4,5", "345", 0.0),
 ])
 def test_reward_numeric_comparison(completion, ref, expected):
     assert grpo.reward(completion, ref) == expected
@@ -217,7 +226,7 @@ def test_reward_strict_vs_lenient():
 # Fuzzing (hypothesis, 2,500 texts per run): arbitrary unicode, and soups of what answer parsers trip on:
 # many '####', digits that are not ASCII ('٣', '５'), 5000-digit and signed numbers, 'NaN', stray commas.
 
-_NUMERIC = re.compile(r"-?[0-9]+(\.[0-9]+)?")
+_NUMERIC = re.compile(r"-?([0-9]+(\.[0-9]+)?|\.[0-9]+)")
 _PIECES = st.sampled_from(["####", "#", "-", "--", ",", ".", "$", " ", "\n", "٣", "５", "𝟗", "²", "½", "1e5",
                            "∞", "NaN", "9" * 5000, "0", "-0", "1,234", "1.5.", ",,,"])
 
@@ -239,9 +248,12 @@ def test_extract_answer_is_total(text, strict):
 
 @st.composite
 def written_number(draw):
-    """(text, value): a number as answers write it ('-', '$', thousands commas, decimals, a full stop after it)."""
+    """(text, value): a number as answers write it ('-', '$', thousands commas, decimals, '.5' without its 0, a full
+    stop after it)."""
     negative, whole, frac = draw(st.booleans()), draw(st.integers(0, 10 ** 12)), draw(st.text("0123456789", max_size=4))
     digits = f"{whole:,}" if draw(st.booleans()) else str(whole)
+    if whole == 0 and frac and draw(st.booleans()):
+        digits = ""  # '$.50'
     text = "-" * negative + "$" * draw(st.booleans()) + digits + f".{frac}" * bool(frac) + "." * draw(st.booleans())
     return text, Decimal("-" * negative + str(whole) + f".{frac}" * bool(frac))
 
@@ -275,6 +287,17 @@ def test_extract_answer_finds_the_known_final_number(case):
     written_otherwise = f"{lenient}0" if "." in str(lenient) else f"{lenient}.0"  # the same number: '5.0', '2.50'
     assert grpo.reward(text, written_otherwise) == 1.0
     assert grpo.reward(text, str(lenient), strict=True) == float(strict is not None)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.integers(0, 10 ** 9), st.booleans(), st.text("0123456789", min_size=1, max_size=6).filter(lambda d: len(d) != 3),
+       st.sampled_from(["", "foo "]))
+def test_a_comma_before_other_than_three_digits_separates_numbers(whole, commas, after, filler):
+    """A thousands comma has exactly three digits after it; '#### 3,4,5' is the number 3, then 4 and 5."""
+    first = f"{whole:,}" if commas else str(whole)
+    assert grpo.extract_answer(f"#### {first},{after}") == str(whole)
+    assert Decimal(grpo.extract_answer(f"{filler}{first},{after}")) == Decimal(after)
+    assert grpo.reward(f"#### {first},{after}", str(whole)) == 1.0
 
 
 @settings(max_examples=1000, deadline=None)
