@@ -30,7 +30,7 @@ DATASETS = {"arith": ("arith", 64), "gsm8k": (os.path.join(ROOT, "..", "shared",
 def measure(model, tokenizer, eos_ids, dataset, shots, a):
     spec, max_new_tokens = DATASETS[dataset]
     train_rows, test_rows = grpo.load_data(spec, a.seed)
-    prefix, _, picked = grpo.fewshot_prefix(train_rows, shots, a.seed)
+    prefix, _, test_rows, picked = grpo.fewshot_prefix(train_rows, test_rows, shots, a.seed)
     flags = ["--model", a.model, "--dataset", spec, "--fewshot", str(shots), "--eval-n", str(a.n),
              "--max-new-tokens", str(max_new_tokens), "--batch-prompts", "4", "--G", "8", "--dtype", a.dtype,
              "--eval-samples", str(a.samples), "--temperature", "1.0", "--seed", str(a.seed)]
