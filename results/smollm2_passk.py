@@ -69,16 +69,36 @@ def complete_seeds(records):
                   and all(f"{a}_seed{r['seed']}" in records for a in ALGOS))
 
 
-def paired_boots(start, end, k, n=10000, seed=0):
-    """Mean over seeds of (end - start) in pass@k, and its n bootstrap means resampling questions within each seed
-    (the per-question counts of right answers are in each record's `correct`)."""
+def per_question(start, end, k):
+    """Per seed, the per-question differences end - start in pass@k (from each record's counts of right answers)."""
     import numpy as np
     from grpo import pass_at_k
+    return [np.array([pass_at_k(K, b, k) - pass_at_k(K, a, k) for a, b in zip(start[s]["correct"], end[s]["correct"])])
+            for s in start]
+
+
+def paired_boots(start, end, k, n=10000, seed=0):
+    """Mean over seeds of (end - start) in pass@k, and its n bootstrap means resampling questions within each seed."""
+    import numpy as np
     rng = np.random.default_rng(seed)
-    diffs = [np.array([pass_at_k(K, b, k) - pass_at_k(K, a, k) for a, b in zip(start[s]["correct"], end[s]["correct"])])
-             for s in start]
+    diffs = per_question(start, end, k)
     boots = np.mean([d[rng.integers(0, len(d), (n, len(d)))].mean(1) for d in diffs], 0)
     return np.mean([d.mean() for d in diffs]), boots
+
+
+def hierarchical_boots(start, end, k, n=10000, seed=0):
+    """n bootstrap means of (end - start) in pass@k that resample the seeds, then the questions within each seed
+    drawn: the interval includes the seed-to-seed variation (with 3 seeds, only 10 distinct draws of seeds)."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    diffs = per_question(start, end, k)
+    picks = rng.integers(0, len(diffs), (n, len(diffs)))
+    total = np.zeros(n)
+    for j in range(len(diffs)):
+        for s, d in enumerate(diffs):
+            rows = picks[:, j] == s
+            total[rows] += d[rng.integers(0, len(d), (rows.sum(), len(d)))].mean(1)
+    return total / len(diffs)
 
 
 def paired_ci(start, end, col):
@@ -117,6 +137,22 @@ def summarize(md):
         means = [statistics.mean(policies[a][s][c] - policies[b][s][c] for s in seeds) for c in rest]
         lines.append(f"| {a} - {b} | " + " | ".join(paired_ci(policies[b], policies[a], c) for c in passk) + " | "
                      + " | ".join(f"{m:+.3f}" for m in means) + " |")
+    lines += ["", "Each seed's difference (its own 100 questions), the mean over seeds, a 95% CI that resamples "
+              "questions within each seed (the seeds fixed), and a hierarchical 95% CI that resamples the 3 seeds and "
+              "then the questions within each: the only one of the two that includes seed-to-seed variation, and a "
+              "coarse one "
+              "(3 seeds allow 10 distinct resamples of seeds):", "",
+              "| difference | k | " + " | ".join(f"seed {s}" for s in seeds) + " | mean | CI, questions | CI, seeds "
+              "then questions |", "|---|---|" + "---|" * (len(seeds) + 3)]
+    import numpy as np
+    for a, b in [("grpo", "start"), ("reinforce", "start"), ("reinforce", "grpo")]:
+        for c in passk:
+            k = int(c.split("@")[1])
+            mean, boots = paired_boots(policies[b], policies[a], k)
+            hier = hierarchical_boots(policies[b], policies[a], k)
+            span = lambda x: "[{:+.3f}, {:+.3f}]".format(*np.percentile(x, [2.5, 97.5]))  # noqa: E731
+            lines.append(f"| {a} - {b} | {k} | " + " | ".join(f"{d.mean():+.3f}" for d in per_question(
+                policies[b], policies[a], k)) + f" | {mean:+.3f} | {span(boots)} | {span(hier)} |")
     lines += ["", "The new runs against section 5's (results/smollm2_arith/), same command and seed:", "",
               "| run | step-0 greedy (new / section 5) | train lines equal | train reward AUC (new / section 5) "
               "| entropy, last 10 (new / section 5) | greedy lenient, step 100 (new / section 5) |",

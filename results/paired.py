@@ -1,0 +1,170 @@
+"""Between-algorithm differences paired by seed, with the tests that suit 3-20 seeds.
+
+For each per-seed difference d_1..d_n (same seed: same starting policy, same questions, same held-out set):
+  mean          the mean difference
+  bootstrap     95% percentile bootstrap over seeds (seeds.bootstrap_ci), anti-conservative at n = 10
+  t-interval    mean +- t(0.975, n-1) sd / sqrt(n), the interval the verdicts of results/README.md use
+  sign-flip p   exact two-sided permutation test of mean = 0: the share of all 2^n sign patterns whose
+                |sum of +-d_i| is at least the observed |sum d_i| (n <= 20)
+  leave-one-out the smallest and largest mean over the n subsets that drop one seed
+  ahead         seeds where the difference is above 0
+
+Settings are folders of seeds.py runs with sampled evals (<algo>_seed<k>.jsonl.gz); `algo=FOLDER` takes that
+algorithm from its own folder (each algorithm at its own learning rate). Each pair uses the seeds both have.
+
+    python results/paired.py --setting tiny60_lr3e-4_B16_1000steps_passk \
+        --md results/tiny60_lr3e-4_B16_1000steps_passk/paired.md
+    python results/paired.py --setting tiny30_passk --md results/tiny30_passk/paired.md
+    python results/paired.py --setting grpo=tiny60s_lr3e-4_B16_1000steps_passk \
+        reinforce=tiny60s_lr1e-4_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk
+"""
+import argparse
+import json
+import math
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from seeds import ALGOS, bootstrap_ci, read_run, steps_to  # noqa: E402
+
+EVAL_COLS = ["pass@1", "pass@4", "pass@16", "pass@64", "maj@64", "acc_lenient"]
+NAMES = {"acc_lenient": "greedy"}
+PAIRS = [("reinforce", "grpo"), ("negative", "grpo"), ("drgrpo_seq", "grpo"), ("negative", "reinforce")]
+
+
+def t_quantile(q, df):
+    """Student's t quantile by bisection on the CDF, the density integrated numerically (no scipy here)."""
+    import numpy as np
+    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
+
+    def cdf(x):
+        t = np.linspace(0.0, x, 20001)
+        return 0.5 + np.trapezoid(c * (1 + t * t / df) ** (-(df + 1) / 2), t)
+
+    lo, hi = 0.0, 1000.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cdf(mid) < q else (lo, mid)
+    return (lo + hi) / 2
+
+
+def t_interval(d):
+    import numpy as np
+    d = np.asarray(d, float)
+    half = t_quantile(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+    return float(d.mean() - half), float(d.mean() + half)
+
+
+def sign_flip_p(d):
+    """Exact two-sided sign-flip permutation p-value of the mean difference, all 2^n sign patterns."""
+    import numpy as np
+    d = np.asarray(d, float)
+    assert len(d) <= 20, "exact enumeration up to 20 seeds"
+    patterns = np.arange(2 ** len(d))
+    sums = np.zeros(len(patterns))
+    for j, x in enumerate(d):
+        sums += np.where((patterns >> j) & 1, -x, x)
+    return float(np.mean(np.abs(sums) >= abs(d.sum()) - 1e-12))
+
+
+def loo_range(d):
+    import numpy as np
+    d = np.asarray(d, float)
+    means = (d.sum() - d) / (len(d) - 1)
+    return float(means.min()), float(means.max())
+
+
+def stats(d):
+    """Every column of the tables for one list of per-seed differences."""
+    import numpy as np
+    return {"n": len(d), "mean": float(np.mean(d)), "boot": bootstrap_ci(d), "t": t_interval(d),
+            "p": sign_flip_p(d), "loo": loo_range(d), "ahead": int(sum(x > 0 for x in d))}
+
+
+def row(label, metric, d, digits=3):
+    s = stats(d)
+    f = lambda x: f"{x:+.{digits}f}"  # noqa: E731
+    span = lambda lo_hi: f"[{f(lo_hi[0])}, {f(lo_hi[1])}]"  # noqa: E731
+    p = "< 0.001" if s["p"] < 0.001 else f"{s['p']:.3f}"
+    return (f"| {label} | {metric} | {s['n']} | {f(s['mean'])} | {span(s['t'])} | {p} | {span(s['boot'])} "
+            f"| {span(s['loo'])} | {s['ahead']}/{s['n']} |")
+
+
+def load(specs):
+    """{algo: {seed: (train, evals)}} from specs 'FOLDER' (every algorithm in it) or 'algo=FOLDER'; checks that
+    the step-0 evals of one seed are the same draw in every file."""
+    runs, starts = {}, {}
+    for spec in specs:
+        only, _, folder = spec.rpartition("=")
+        for algo in ([only] if only else ALGOS):
+            for name in sorted(os.listdir(os.path.join(HERE, folder))):
+                if name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz"):
+                    config, train, evals = read_run(os.path.join(HERE, folder, name))
+                    seed = config["seed"]
+                    first = json.dumps(evals[0]["correct"])
+                    assert starts.setdefault(seed, first) == first, f"step-0 evals differ on seed {seed}"
+                    runs.setdefault(algo, {})[seed] = (train, evals)
+    return runs
+
+
+def train_numbers(train):
+    """Per-run training numbers: reward over the run (AUC) and its last quarter, entropy over the last quarter and the
+    last 20 steps, KL over the last 20 steps, steps to a 0.8 train reward."""
+    mean = lambda xs, k: sum(x[k] for x in xs) / len(xs)  # noqa: E731
+    q = train[3 * len(train) // 4:]
+    return {"train reward (AUC)": mean(train, "reward_mean"), "train reward, last quarter": mean(q, "reward_mean"),
+            "entropy, last quarter": mean(q, "entropy"), "entropy, last 20 steps": mean(train[-20:], "entropy"),
+            "KL, last 20 steps": mean(train[-20:], "kl"),
+            "steps to 0.8": steps_to([x["reward_mean"] for x in train], 0.8)}
+
+
+def tables(runs, at_start=True):
+    steps = runs[next(iter(runs))][next(iter(runs[next(iter(runs))]))][1][-1]["step"]
+    head = ["| difference | metric | seeds | mean | 95% t-interval | sign-flip p | 95% bootstrap | leave-one-out "
+            "range | seeds above 0 |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"Paired by seed, between algorithms, at the last eval (step {steps}) and over the run:", ""] + head
+    for a, b in PAIRS:
+        if a not in runs or b not in runs:
+            continue
+        seeds = sorted(set(runs[a]) & set(runs[b]))
+        for col in EVAL_COLS:
+            d = [runs[a][s][1][-1][col] - runs[b][s][1][-1][col] for s in seeds]
+            lines.append(row(f"{a} - {b}", NAMES.get(col, col), d))
+        tr = {s: (train_numbers(runs[a][s][0]), train_numbers(runs[b][s][0])) for s in seeds}
+        for key in tr[seeds[0]][0]:
+            d = [x[key] - y[key] for x, y in tr.values() if math.isfinite(x[key] - y[key])]
+            if len(d) >= 2:
+                lines.append(row(f"{a} - {b}", key, d, 0 if key == "steps to 0.8" else 3))
+    if at_start:
+        lines += ["", f"Paired by seed, each algorithm at step {steps} minus the starting policy (same questions):",
+                  ""] + head
+        for algo, by_seed in runs.items():
+            for col in EVAL_COLS:
+                d = [ev[-1][col] - ev[0][col] for _, ev in by_seed.values()]
+                lines.append(row(f"{algo} - start", NAMES.get(col, col), d))
+    return lines
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--setting", nargs="+", required=True, help="FOLDER or algo=FOLDER under results/")
+    p.add_argument("--md", default=None)
+    a = p.parse_args()
+    runs = load(a.setting)
+    seeds = {algo: sorted(by_seed) for algo, by_seed in runs.items()}
+    lines = [f"{' '.join(a.setting)}: seeds per algorithm {json.dumps(seeds)}.", ""] + tables(runs)
+    lines += ["", "The verdicts of results/README.md use the t-interval. sign-flip p: exact two-sided permutation "
+              "test over all 2^n sign patterns of the per-seed differences. Bootstrap: 95% percentile bootstrap over "
+              "seeds (10,000 resamples), narrower than the t-interval at 10 seeds. Leave-one-out range: the smallest "
+              "and largest mean difference when one seed is dropped. Steps to 0.8: over the seeds where both "
+              "reached a 0.8 train reward (10-step trailing mean)."]
+    text = "\n".join(lines)
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
