@@ -8,6 +8,8 @@ with REINFORCE's (adv = r), from the same rollouts and one shared forward pass. 
   |mean_g|         the norm of the mean gradient
   rel. variance    total variance / |mean_g|^2 (scale-free: GRPO's std division rescales gradients)
   mean cosine      mean_k cos(g_k, mean_g)
+The K x K inner products of each algorithm's gradients are stored too, so the table can give the ratios a 95% CI by
+resampling the K rollout batches (the same resample for both algorithms, which share the rollouts).
 Usage:
   python results/grad_variance.py --model tiny --task seven --batches 32 --G 8 --batch-prompts 4 --max-new-tokens 3
   python results/grad_variance.py --model tiny --task seven --train-steps 40 ...   (at a partly trained policy)
@@ -52,23 +54,44 @@ def setup(name, task, seed, train_steps=0):
     return (*grpo.load_model(name, torch.device("cpu")), rows)
 
 
+def ratio_ci(d, n=10000, seed=0):
+    """95% percentile CIs of the total-variance and relative-variance ratios grpo / reinforce, resampling the K
+    rollout batches with replacement (one resample serves both algorithms); None without stored inner products."""
+    if "gram" not in d["grpo"]:
+        return None
+    import numpy as np
+    grams = [np.asarray(d[algo]["gram"]) for algo in ALGOS]
+    K = len(grams[0])
+    idx = np.random.default_rng(seed).integers(0, K, (n, K))
+    total, rel = [], []
+    for gram in grams:
+        sub = gram[idx[:, :, None], idx[:, None, :]]  # n x K x K
+        mean_sq = sub.sum((1, 2)) / K ** 2
+        var = np.diagonal(sub, axis1=1, axis2=2).mean(1) - mean_sq
+        total.append(var)
+        rel.append(var / mean_sq)
+    return [np.percentile(x[0] / x[1], [2.5, 97.5]) for x in (total, rel)]
+
+
 def table(paths):
     """A markdown table from result files of this script."""
-    out = ["| model, task | policy | mean reward | total variance grpo / reinforce (ratio) "
-           "| norm of mean g, grpo / reinforce | relative variance grpo / reinforce (ratio) "
+    out = ["| model, task | policy | mean reward | total variance grpo / reinforce (ratio [95% CI]) "
+           "| norm of mean g, grpo / reinforce | relative variance grpo / reinforce (ratio [95% CI]) "
            "| mean cosine grpo / reinforce |",
            "|---|---|---|---|---|---|---|"]
     for path in paths:
         d = json.load(open(path))
         g = d["grpo"]
         r = d["reinforce"]
+        cis = ratio_ci(d)
+        span = [f" [{lo:.2f}, {hi:.2f}]" for lo, hi in cis] if cis else ["", ""]
         policy = f"after {d['train_steps']} GRPO steps" if d.get("train_steps") else "initial"
         out.append(f"| {os.path.basename(d['model'])}, {d['task']} | {policy} | {d['reward_mean']:.3f} "
                    f"| {g['total_variance']:.3g} / {r['total_variance']:.3g} "
-                   f"({d['variance_ratio_grpo_over_reinforce']:.2f}) "
+                   f"({d['variance_ratio_grpo_over_reinforce']:.2f}{span[0]}) "
                    f"| {g['mean_grad_norm']:.3g} / {r['mean_grad_norm']:.3g} "
                    f"| {g['rel_variance']:.2f} / {r['rel_variance']:.2f} "
-                   f"({d['rel_variance_ratio_grpo_over_reinforce']:.2f}) "
+                   f"({d['rel_variance_ratio_grpo_over_reinforce']:.2f}{span[1]}) "
                    f"| {g['mean_cosine']:.3f} / {r['mean_cosine']:.3f} |")
     return "\n".join(out)
 
@@ -132,17 +155,18 @@ def main():
         print(f"batch {k + 1}/{a.batches}: reward {rewards_seen[-1]:.3f} ({time.time() - t0:.0f}s)", flush=True)
     result = {"model": a.model, "task": a.task, "train_steps": a.train_steps, "K": a.batches, "G": a.G,
               "B": a.batch_prompts, "max_new_tokens": a.max_new_tokens, "temperature": a.temperature,
-              "reward_mean": sum(rewards_seen) / len(rewards_seen), "seconds": round(time.time() - t0, 1)}
+              "reward_mean": sum(rewards_seen) / len(rewards_seen), "batch_rewards": rewards_seen,
+              "seconds": round(time.time() - t0, 1)}
     for algo in ALGOS:
         result[algo] = grams[algo].summary()
     result["variance_ratio_grpo_over_reinforce"] = (result["grpo"]["total_variance"]
                                                     / result["reinforce"]["total_variance"])
     result["rel_variance_ratio_grpo_over_reinforce"] = (result["grpo"]["rel_variance"]
                                                         / result["reinforce"]["rel_variance"])
-    print(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ALGOS}, indent=1))
     if a.out:
         with open(a.out, "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump(result, f, separators=(",", ":"))  # one line: the two K x K Gram matrices dominate
 
 
 class Gram:
@@ -175,7 +199,8 @@ class Gram:
         shutil.rmtree(self.dir)
         return {"total_variance": total_var, "mean_grad_norm": mean_sq.sqrt().item(),
                 "rel_variance": total_var / mean_sq.item(), "mean_cosine": cos.mean().item(),
-                "zero_grad_batches": int((norms == 0).sum())}
+                "zero_grad_batches": int((norms == 0).sum()),
+                "gram": [[float(f"{x:.6g}") for x in line] for line in gram.tolist()]}  # for ratio_ci
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""A horizon where learning finishes (issue 20 part 2): the pass@k spectrum along training, from RESULTS/<setting>/.
+"""A horizon where learning finishes: the pass@k spectrum along training, from RESULTS/<setting>/.
 
 Each file <algo>_seed<k>.jsonl.gz there is one `seeds.py run --eval-samples 64 --batch-prompts B --steps S` run,
 with eval lines at steps 0, S/4, S/2, 3S/4 and S: pass@k for k = 1, 2, .., 64 from 64 answers per question sampled

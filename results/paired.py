@@ -109,11 +109,13 @@ def load(specs):
 
 
 def train_numbers(train):
-    """Per-run training numbers: reward over the run (AUC) and its last quarter, entropy over the last quarter and the
-    last 20 steps, KL over the last 20 steps, steps to a 0.8 train reward."""
+    """Per-run training numbers: reward over the run (AUC), its first and last quarter, entropy over the last quarter
+    and the last 20 steps, KL over the last 20 steps, steps to a 0.8 train reward."""
     mean = lambda xs, k: sum(x[k] for x in xs) / len(xs)  # noqa: E731
     q = train[3 * len(train) // 4:]
-    return {"train reward (AUC)": mean(train, "reward_mean"), "train reward, last quarter": mean(q, "reward_mean"),
+    return {"train reward (AUC)": mean(train, "reward_mean"),
+            "train reward, first quarter": mean(train[:len(train) // 4], "reward_mean"),
+            "train reward, last quarter": mean(q, "reward_mean"),
             "entropy, last quarter": mean(q, "entropy"), "entropy, last 20 steps": mean(train[-20:], "entropy"),
             "KL, last 20 steps": mean(train[-20:], "kl"),
             "steps to 0.8": steps_to([x["reward_mean"] for x in train], 0.8)}

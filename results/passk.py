@@ -1,4 +1,4 @@
-"""The pass@k spectrum of the tiny30 runs (issue 20 part 1): tables and a plot from RESULTS/tiny30_passk/.
+"""The pass@k spectrum of the tiny30 runs: tables and a plot from RESULTS/tiny30_passk/.
 
 Each file <algo>_seed<k>.jsonl.gz there is one `seeds.py run --eval-samples 64` run (seeds.py FLAGS, lr 1e-4, 300
 steps) with two eval lines: step 0 (the starting policy) and step 300. Each eval line has pass@k for k = 1, 2, 4, ..,

@@ -13,6 +13,10 @@ for n in 0 30 60; do
 done
 OMP_NUM_THREADS=1 python results/grad_variance.py --model smollm2 --task arith --batches 12 --G 8 --batch-prompts 2 \
   --max-new-tokens 48 --temperature 0.7 --out results/variance/smollm2_arith.json
+# the table, with 95% CIs of the ratios from resampling the K batches (the SmolLM2 file predates the stored Gram
+# matrices, so its row has none)
+python results/grad_variance.py --table results/variance/tiny_trained{0,30,60}.json results/variance/smollm2_arith.json \
+  > results/variance/table.md
 
 # 2. Toy task, 10 seeds x {grpo, reinforce}.
 python results/toy_seeds.py --seeds 0 1 2 3 4 5 6 7 8 9 --steps 100 --lr 3e-3
@@ -36,11 +40,14 @@ python grpo.py --model smollm2 --dataset ../shared/gsm8k --G 8 --batch-prompts 4
   --temperature 0.7 --lr 1e-5 --beta 0 --steps 3 --eval-every 0 --eval-n 16 --out runs/gsm8k_signal --overwrite
 cp runs/gsm8k_signal/metrics.jsonl results/gsm8k_signal/metrics.jsonl
 
-# 4. Many seeds on a tiny pretrained policy (issue 12): GRPO vs REINFORCE vs GRPO without the std division.
-# 4a. The starting policies, remade bit for bit into runs/tiny_policy/ (~3 min, 1 thread; not stored in results/):
-#     a 3-layer width-128 GPT-2 with a word-level tokenizer, SFT on arith, the checkpoints at SFT steps 60, 230 and 820
-#     (~5%, ~30% and ~60% sampled accuracy); --expect checks their sha256 against the ones the study used.
-#     (Section 4 picked steps 60 and 230 with `--targets 0.05 0.30`; issue 20 part 2 picked step 820 with
+# 4. Many seeds on a tiny pretrained policy: GRPO vs REINFORCE vs GRPO without the std division.
+# 4a. The starting policies are stored in results/tiny_policy/ (ckpt05, ckpt30, ckpt60): a 3-layer width-128 GPT-2
+#     with a word-level tokenizer, SFT on arith, the checkpoints at SFT steps 60, 230 and 820 (~5%, ~30% and ~60%
+#     sampled accuracy). This remakes them into runs/tiny_policy/ (~3 min, 1 thread) and --expect checks their sha256
+#     against the stored ones; fp32 kernels differ between CPU families, so on another CPU the check can fail while
+#     the stored weights still load anywhere. The 10-seed tiny60 runs of 4e started from an earlier ckpt60 that was
+#     never stored; the stored ckpt60 (remade on an AVX2-only AMD EPYC) is the tiny60s policy of 4f.
+#     (Section 4 picked steps 60 and 230 with `--targets 0.05 0.30`; the horizon study picked step 820 with
 #     `--targets 0.05 0.30 0.45 0.60 --names ckpt05 ckpt30 ckpt45 ckpt60`: tiny_policy/selection_targets60.json.)
 OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --pick ckpt05=60 ckpt30=230 ckpt45=420 ckpt60=820 \
   --expect results/tiny_policy/picked.json --out runs/tiny_policy
@@ -49,27 +56,28 @@ OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --pick ckpt05=60 ckpt30=23
 #     runs whose results/<setting>/<algo>_seed<k>.jsonl.gz exists are skipped. Writes results/seeds_{lr.json,
 #     sweep.md,sweep.png,common.md,common.png,best.md,best.png} and results/seeds_runs.jsonl (time per run).
 OMP_NUM_THREADS=1 python results/seeds.py pipeline
-# 4c. Gradient variance along training: the policies after 0, 90, 180 and 270 of the 300 steps of the tiny30 GRPO run
-#     (the seeds.py flags, lr 1e-4, seed 0), got by stopping and resuming grpo.py (bit-exact at the version that made
-#     results/tiny30_lr1e-4/grpo_seed0.jsonl.gz; since finished answers leave the decode batch, sampled tokens are new
-#     draws, so the train lines differ after step 1); then grad_variance.py at each (~15 s each, ~20 s per 90 steps).
+# 4c. Gradient variance along training: the policies after 0, 90, 180 and 270 steps of a tiny30 GRPO run with the
+#     seeds.py flags (lr 1e-4, seed 0), got by stopping and resuming grpo.py; then grad_variance.py at each, which
+#     stores the K x K Gram matrices so the ratios get CIs (~15 s each, ~20 s per 90 steps). The committed files are
+#     from a rerun with grpo.py as of commit 3c99654; its sampled tokens are new draws, so this is a new
+#     run, not the one in results/tiny30_lr1e-4/grpo_seed0.jsonl.gz.
 TINY_FLAGS="--dataset arith --G 8 --batch-prompts 4 --max-new-tokens 16 --temperature 1.0 --beta 0.04 --eval-every 100 \
   --eval-n 200 --micro-batch 32 --dtype float32"
-OMP_NUM_THREADS=1 python grpo.py --model runs/tiny_policy/ckpt30 --algo grpo --lr 1e-4 --seed 0 --steps 90 $TINY_FLAGS \
-  --out runs/gv_tiny30 --overwrite
+OMP_NUM_THREADS=1 python grpo.py --model results/tiny_policy/ckpt30 --algo grpo --lr 1e-4 --seed 0 --steps 90 \
+  $TINY_FLAGS --out runs/gv_tiny30 --overwrite
 rm -rf runs/gv_tiny30_at30 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at30
 OMP_NUM_THREADS=1 python grpo.py --resume runs/gv_tiny30 --steps 180
 rm -rf runs/gv_tiny30_at60 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at60
 OMP_NUM_THREADS=1 python grpo.py --resume runs/gv_tiny30 --steps 270
 rm -rf runs/gv_tiny30_at90 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at90
 for n in 0 30 60 90; do
-  model=runs/gv_tiny30_at$n; [ $n = 0 ] && model=runs/tiny_policy/ckpt30
+  model=runs/gv_tiny30_at$n; [ $n = 0 ] && model=results/tiny_policy/ckpt30
   OMP_NUM_THREADS=1 python results/grad_variance.py --model $model --task arith --batches 32 --G 8 --batch-prompts 4 \
     --max-new-tokens 16 --temperature 1.0 --micro-batch 32 --out results/variance/tiny30_grpo_at$n.json
 done
 { echo "Gradient variance along one GRPO run on tiny30 (seeds.py flags, lr 1e-4, seed 0; policies after 0, 90, 180, 270 of 300 steps)."
   echo "grad_variance.py: K = 32 rollout batches, the same B = 4 arith questions (seed 0), G = 8, 16 new tokens, T = 1.0."
-  echo "Mean reward: over the 32 x 32 sampled answers to those 4 questions."
+  echo "Mean reward: over the 32 x 32 sampled answers to those 4 questions. CIs: 95%, resampling the 32 batches."
   echo
   python results/grad_variance.py --table results/variance/tiny30_grpo_at{0,30,60,90}.json \
     | sed -e 's/^| ckpt30, arith | initial |/| tiny30, arith | step 0 of 300 (ckpt30) |/' \
@@ -77,7 +85,7 @@ done
           -e 's/^| gv_tiny30_at60, arith | initial |/| tiny30, arith | GRPO step 180 of 300 |/' \
           -e 's/^| gv_tiny30_at90, arith | initial |/| tiny30, arith | GRPO step 270 of 300 |/'
 } > results/variance/tiny30_along_training.md
-# 4d. The pass@k spectrum (issue 20 part 1): tiny30, the seeds.py flags, lr 1e-4, 300 steps, grpo, reinforce,
+# 4d. The pass@k spectrum: tiny30, the seeds.py flags, lr 1e-4, 300 steps, grpo, reinforce,
 #     drgrpo_seq and negative (adv = r - 1), seeds 0-19, with 64 answers per held-out question at T = 1.0 at step 0
 #     and step 300 (--eval-samples 64 --eval-temperature 1.0 --eval-every 0); ~60 s of one thread per run. Resumable.
 #     Writes results/tiny30_passk/<algo>_seed<k>.jsonl.gz, then the tables and the plot.
@@ -85,7 +93,7 @@ OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=runs/tiny_policy/c
   --algos grpo reinforce drgrpo_seq negative --eval-samples 64
 python results/passk.py --md results/tiny30_passk/passk.md --png results/tiny30_passk/passk.png
 
-# 4e. A horizon where learning finishes (issue 20 part 2). The sweep, seed 0, 64 answers per held-out question at
+# 4e. A horizon where learning finishes. The sweep, seed 0, 64 answers per held-out question at
 #     T = 1.0 at 0, 25, 50, 75 and 100% of each run (lr 1e-3 was run for grpo only: it collapsed; tiny45 and tiny60
 #     are ckpt45 and ckpt60 of 4a), then the chosen setting, tiny60 at lr 3e-4, 16 questions per step, 1000 steps,
 #     seeds 0-9 (~350 s of one thread per run). Resumable.
@@ -104,7 +112,7 @@ python results/horizon.py --setting tiny60_lr3e-4_B16_1000steps_passk \
 python results/seeds.py summarize --setting tiny60_lr3e-4_B16_1000steps_passk \
   --md results/tiny60_lr3e-4_B16_1000steps_passk/seeds.md
 
-# 5. SmolLM2-135M-Instruct on arith, the real-model confirmation (issue 12): grpo and reinforce, seeds 0-2, 100 steps,
+# 5. SmolLM2-135M-Instruct on arith, the real-model confirmation: grpo and reinforce, seeds 0-2, 100 steps,
 #    greedy eval on 200 held-out questions at steps 0, 50 and 100, --dtype auto (bfloat16 on this CPU). 22-46 min of
 #    one thread per run; --save-every 10 lets a stopped run continue with `python grpo.py --resume runs/smollm2_arith/<run>`.
 #    One thread each, so a rerun gives the same numbers (same torch version and thread count).
@@ -118,7 +126,7 @@ for seed in 0 1 2; do
 done
 python results/smollm2_seeds.py --md results/smollm2_arith/seeds.md --png results/smollm2_arith/seeds.png
 
-# 5b. The same six runs again (issue 20 part 4), then 16 answers per question at T = 0.7 on the first 100 held-out
+# 5b. The same six runs again, then 16 answers per question at T = 0.7 on the first 100 held-out
 #     questions of each seed, for the starting policy and each final model (smollm2_passk.py eval: grpo.py's own
 #     evaluate, --eval-samples 16). Resumable: a finished run is not redone, a stopped one continues from its
 #     checkpoint, an eval already in passk.jsonl is skipped.
@@ -143,7 +151,7 @@ python results/smollm2_passk.py summarize --md results/smollm2_passk/passk.md
 python results/smollm2_seeds.py --folder results/smollm2_passk --md results/smollm2_passk/seeds.md \
   --png results/smollm2_passk/seeds.png
 
-# 5c. The pass@k spectrum of sections 4d, 4e and 5b in one figure (issue 20 part 5; the front page's plot).
+# 5c. The pass@k spectrum of sections 4d, 4e and 5b in one figure (the front page's plot).
 python results/spectrum.py --png results/spectrum.png
 
 # Base models: Gemma 3 270M (base) from its GGUF file (Gemma terms; not in this repository). Needs

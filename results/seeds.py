@@ -11,10 +11,10 @@ Algorithms (identical flags otherwise, FLAGS below):
     grpo        --algo grpo                        adv = (r - mean) / (std + eps), loss 1/G sum_i 1/|o_i| sum_t
     reinforce   --algo reinforce                   adv = r, no baseline
     drgrpo_seq  --algo drgrpo --loss-agg seq       adv = r - mean: GRPO without the std division, same loss sum
-    negative    --algo negative                    adv = r - 1: only wrong answers pushed down (issue 20 part 3);
+    negative    --algo negative                    adv = r - 1: only wrong answers pushed down;
                                                    not in `pipeline`, which runs the three above
 
-pass@k spectrum (issue 20 part 1): `run --eval-samples K` adds --eval-samples K --eval-temperature 1.0
+pass@k spectrum: `run --eval-samples K` adds --eval-samples K --eval-temperature 1.0
 --eval-every 0 (eval at step 0 and at the end only) and writes to RESULTS/<policy>_passk/ instead; summarized
 by results/passk.py.
 
@@ -42,7 +42,7 @@ sys.path.insert(0, ROOT)
 
 ALGOS = {"grpo": ["--algo", "grpo"], "reinforce": ["--algo", "reinforce"],
          "drgrpo_seq": ["--algo", "drgrpo", "--loss-agg", "seq"], "negative": ["--algo", "negative"]}
-PIPELINE_ALGOS = ["grpo", "reinforce", "drgrpo_seq"]  # the section-4 study; `negative` came later (issue 20)
+PIPELINE_ALGOS = ["grpo", "reinforce", "drgrpo_seq"]  # the section-4 study; `negative` came later
 POLICIES = {"tiny30": "runs/tiny_policy/ckpt30", "tiny05": "runs/tiny_policy/ckpt05"}  # made by sft_tiny.py --pick
 STEPS = 300
 BATCH_PROMPTS = 4  # questions per step; G = 8 answers each
@@ -81,8 +81,9 @@ def passk_flags(k, every=0):
 
 
 def run_setting(policy, lr, steps, eval_samples, batch_prompts):
-    """The folder name of a grid's runs: <policy>_lr<lr> (section 4), <policy>_passk (issue 20 part 1), and for
-    another batch size or step count (issue 20 part 2) <policy>_lr<lr>_B<questions per step>_<steps>steps[_passk]."""
+    """The folder name of a grid's runs: <policy>_lr<lr> (section 4), <policy>_passk (the pass@k spectrum), and
+    for another batch size or step count (the horizon runs)
+    <policy>_lr<lr>_B<questions per step>_<steps>steps[_passk]."""
     if (batch_prompts, steps) == (BATCH_PROMPTS, STEPS):
         return f"{policy}_passk" if eval_samples else setting_name(policy, lr)
     return f"{setting_name(policy, lr)}_B{batch_prompts}_{steps}steps" + ("_passk" if eval_samples else "")

@@ -23,9 +23,10 @@ selection.json). Checkpoints are stored in float16 to keep them small (1.4 MB ea
 and every accuracy is measured on the stored float16 weights, loaded in float32 as grpo.py loads them.
 
 The sampled accuracies (and so which step is closest to a target) depend on how grpo.generate draws its random
-numbers, which issue 19 changed; the weights at a given step do not. --pick NAME=STEP keeps exactly those steps
-(and measures only them), and --expect FILE checks their sha256 against a selection.json: this is how the
-study's policies are remade (they are not stored in results/, to keep it small).
+numbers, which a later change to the sampler changed; the weights at a given step do not. --pick NAME=STEP keeps
+exactly those steps (and measures only them), and --expect FILE checks their sha256 against a selection.json: this
+is how a remade policy is checked against the stored one in results/tiny_policy/ (fp32 kernels differ between CPU
+families, so a remake matches only on a CPU like the one that made it).
 
 Usage (about 10 minutes on one thread; with --pick about 3):
     OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --out runs/tiny_policy_targets

@@ -1,4 +1,4 @@
-"""SmolLM2-135M-Instruct on arith across the pass@k spectrum (issue 20 part 4): pass@k for k = 1, 2, 4, 8, 16 and
+"""SmolLM2-135M-Instruct on arith across the pass@k spectrum: pass@k for k = 1, 2, 4, 8, 16 and
 maj@16 of 16 answers per question sampled at the training temperature (0.7), on the first 100 held-out questions of
 each seed, for the starting policy and for the final model of each 100-step run of section 5's command (rerun into
 runs/smollm2_passk/, metrics in RESULTS/smollm2_passk/<algo>_seed<k>.jsonl.gz).

@@ -1,4 +1,4 @@
-"""The pass@k spectrum in one figure (issue 20 part 5): after training minus the starting policy, against k, in the
+"""The pass@k spectrum in one figure: after training minus the starting policy, against k, in the
 three settings where it was measured. Reads the raw files only; draws no new samples.
 
 - tiny30, 300 steps (section 4, part 1): RESULTS/tiny30_passk/, 64 answers per question at T = 1.0, 200 questions
