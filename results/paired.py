@@ -97,6 +97,8 @@ def load(specs):
     runs, starts = {}, {}
     for spec in specs:
         only, _, folder = spec.rpartition("=")
+        if not os.path.isdir(os.path.join(HERE, folder)):
+            continue  # not started yet
         for algo in ([only] if only else ALGOS):
             for name in sorted(os.listdir(os.path.join(HERE, folder))):
                 if name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz"):
@@ -130,6 +132,8 @@ def tables(runs, at_start=True):
         if a not in runs or b not in runs:
             continue
         seeds = sorted(set(runs[a]) & set(runs[b]))
+        if len(seeds) < 2:
+            continue
         for col in EVAL_COLS:
             d = [runs[a][s][1][-1][col] - runs[b][s][1][-1][col] for s in seeds]
             lines.append(row(f"{a} - {b}", NAMES.get(col, col), d))
@@ -142,9 +146,34 @@ def tables(runs, at_start=True):
         lines += ["", f"Paired by seed, each algorithm at step {steps} minus the starting policy (same questions):",
                   ""] + head
         for algo, by_seed in runs.items():
-            for col in EVAL_COLS:
+            for col in EVAL_COLS if len(by_seed) >= 2 else []:
                 d = [ev[-1][col] - ev[0][col] for _, ev in by_seed.values()]
                 lines.append(row(f"{algo} - start", NAMES.get(col, col), d))
+    return lines + spread(runs)
+
+
+def spread(runs):
+    """The seed-to-seed spread of outcomes (not the gradient's variance): sd over seeds of the last-50-step train reward
+    and of pass@1 at the last eval, their ratio with a bootstrap CI over seeds (horizon.sd_ratio), and the ratio's
+    range when one seed is left out."""
+    import numpy as np
+    from horizon import sd_ratio
+    outcomes = [lambda tr, ev: sum(x["reward_mean"] for x in tr[-50:]) / 50, lambda tr, ev: ev[-1]["pass@1"]]
+    lines = ["", "Spread over seeds: standard deviation over seeds of the train reward of the last 50 steps and of "
+             "pass@1 at the last eval; their ratio with a 95% bootstrap CI over seeds, and its leave-one-out range:",
+             "",
+             "| algos | seeds | sd of reward, last 50 steps | ratio [95% CI] | leave-one-out | sd of pass@1, last eval "
+             "| ratio [95% CI] | leave-one-out |", "|---|---|---|---|---|---|---|---|"]
+    for a, b in PAIRS:
+        seeds = sorted(set(runs.get(a, {})) & set(runs.get(b, {})))
+        if len(seeds) < 3:
+            continue
+        cells = []
+        for get in outcomes:
+            x, y = (np.array([get(*runs[algo][s]) for s in seeds]) for algo in (a, b))
+            loo = [np.delete(x, i).std(ddof=1) / np.delete(y, i).std(ddof=1) for i in range(len(seeds))]
+            cells += [*sd_ratio(x, y).split(" | "), f"[{min(loo):.1f}, {max(loo):.1f}]"]
+        lines.append(f"| {a} / {b} | {len(seeds)} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -155,7 +184,7 @@ def main():
     a = p.parse_args()
     runs = load(a.setting)
     seeds = {algo: sorted(by_seed) for algo, by_seed in runs.items()}
-    lines = [f"{' '.join(a.setting)}: seeds per algorithm {json.dumps(seeds)}.", ""] + tables(runs)
+    lines = [f"{' '.join(a.setting)}: seeds per algorithm {json.dumps(seeds)}.", ""] + (tables(runs) if runs else [])
     lines += ["", "The verdicts of results/README.md use the t-interval. sign-flip p: exact two-sided permutation "
               "test over all 2^n sign patterns of the per-seed differences. Bootstrap: 95% percentile bootstrap over "
               "seeds (10,000 resamples), narrower than the t-interval at 10 seeds. Leave-one-out range: the smallest "

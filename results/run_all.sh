@@ -92,6 +92,7 @@ done
 OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=runs/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
   --algos grpo reinforce drgrpo_seq negative --eval-samples 64
 python results/passk.py --md results/tiny30_passk/passk.md --png results/tiny30_passk/passk.png
+python results/paired.py --setting tiny30_passk --md results/tiny30_passk/paired.md   # t-interval, sign-flip test
 
 # 4e. A horizon where learning finishes. The sweep, seed 0, 64 answers per held-out question at
 #     T = 1.0 at 0, 25, 50, 75 and 100% of each run (lr 1e-3 was run for grpo only: it collapsed; tiny45 and tiny60
@@ -111,6 +112,25 @@ python results/horizon.py --setting tiny60_lr3e-4_B16_1000steps_passk \
   --md results/tiny60_lr3e-4_B16_1000steps_passk/horizon.md --png results/tiny60_lr3e-4_B16_1000steps_passk/horizon.png
 python results/seeds.py summarize --setting tiny60_lr3e-4_B16_1000steps_passk \
   --md results/tiny60_lr3e-4_B16_1000steps_passk/seeds.md
+python results/paired.py --setting tiny60_lr3e-4_B16_1000steps_passk \
+  --md results/tiny60_lr3e-4_B16_1000steps_passk/paired.md
+
+# 4f. The horizon rerun from the stored ckpt60 (policy name tiny60s), each algorithm at its own learning rate. The sweep:
+#     grpo and reinforce at lr 1e-4, 3e-4 and 1e-3, seeds 0-2, 500 steps; pick_lr.py applies the rule fixed before
+#     the sweep's first run finished (results/README.md) and writes the rates to results/tiny60s_lr.json. Then seeds
+#     0-19 of grpo and reinforce at their rates and of negative at 3e-4, 1000 steps (~400-500 s of one thread per run
+#     when two run at a time). Resumable.
+T="python results/seeds.py run --policy tiny60s=results/tiny_policy/ckpt60 --eval-samples 64 --batch-prompts 16"
+OMP_NUM_THREADS=1 $T --lr 1e-4 3e-4 1e-3 --seeds 0-2 --steps 500 --algos grpo reinforce
+python results/pick_lr.py --md results/tiny60s_lr_sweep.md --json results/tiny60s_lr.json
+LR_G=$(python -c "import json; print(json.load(open('results/tiny60s_lr.json'))['grpo']['chosen'])")
+LR_R=$(python -c "import json; print(json.load(open('results/tiny60s_lr.json'))['reinforce']['chosen'])")
+OMP_NUM_THREADS=1 $T --steps 1000 --seeds 0-19 --lr $LR_G --algos grpo
+OMP_NUM_THREADS=1 $T --steps 1000 --seeds 0-19 --lr $LR_R --algos reinforce
+OMP_NUM_THREADS=1 $T --steps 1000 --seeds 0-19 --lr 3e-4 --algos negative
+python results/paired.py --setting grpo=tiny60s_lr${LR_G}_B16_1000steps_passk \
+  reinforce=tiny60s_lr${LR_R}_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk \
+  --md results/tiny60s_paired.md
 
 # 5. SmolLM2-135M-Instruct on arith, the real-model confirmation: grpo and reinforce, seeds 0-2, 100 steps,
 #    greedy eval on 200 held-out questions at steps 0, 50 and 100, --dtype auto (bfloat16 on this CPU). 22-46 min of

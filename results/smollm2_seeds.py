@@ -79,13 +79,21 @@ def table(runs):
               "| seed | Δ lenient, last eval | Δ AUC | Δ train reward, last 10 | Δ entropy, last 10 |",
               "|---|---|---|---|---|"]
     grpo = {r["seed"]: r for r in runs["grpo"]}
+    diffs = []
     for r in runs["reinforce"]:
         g = grpo.get(r["seed"])
         if g is not None:
             last = max(set(r["eval"]) & set(g["eval"]))
-            lines.append(f"| {r['seed']} | {r['eval'][last][0] - g['eval'][last][0]:+.3f} (step {last}) | "
-                         f"{r['auc'] - g['auc']:+.3f} | {r['reward_last'] - g['reward_last']:+.3f} | "
-                         f"{r['entropy_last'] - g['entropy_last']:+.3f} |")
+            diffs.append([r["eval"][last][0] - g["eval"][last][0], r["auc"] - g["auc"],
+                          r["reward_last"] - g["reward_last"], r["entropy_last"] - g["entropy_last"]])
+            lines.append(f"| {r['seed']} | {diffs[-1][0]:+.3f} (step {last}) | " + " | ".join(
+                f"{x:+.3f}" for x in diffs[-1][1:]) + " |")
+    if len(diffs) >= 2:  # the verdict rule's interval over seeds (paired.py); with 3 seeds a sign-flip p is >= 0.25
+        from paired import t_interval
+        cells = [t_interval([d[i] for d in diffs]) for i in range(4)]
+        lines.append("| mean [95% t-interval] | " + " | ".join(
+            f"{statistics.mean(d[i] for d in diffs):+.3f} [{lo:+.3f}, {hi:+.3f}]" for i, (lo, hi) in enumerate(cells))
+            + " |")
     return "\n".join(lines) + "\n"
 
 
