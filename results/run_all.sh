@@ -50,7 +50,8 @@ cp runs/gsm8k_signal/metrics.jsonl results/gsm8k_signal/metrics.jsonl
 #     (Section 4 picked steps 60 and 230 with `--targets 0.05 0.30`; the horizon study picked step 820 with
 #     `--targets 0.05 0.30 0.45 0.60 --names ckpt05 ckpt30 ckpt45 ckpt60`: tiny_policy/selection_targets60.json.)
 OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --pick ckpt05=60 ckpt30=230 ckpt45=420 ckpt60=820 \
-  --expect results/tiny_policy/picked.json --out runs/tiny_policy
+  --expect results/tiny_policy/picked.json --out runs/tiny_policy \
+  || echo "4a: the remade weights differ from the stored ones on this CPU; 4b-4d and 4f use the stored ones"
 # 4b. lr sweep on tiny30 (3e-5, 1e-4, 3e-4; seeds 0-4), then seeds 0-19 for both policies at the common lr, then at
 #     each algorithm's best lr where that differs; 300 steps each, ~50 s of one CPU thread per run. Resumable:
 #     runs whose results/<setting>/<algo>_seed<k>.jsonl.gz exists are skipped. Writes results/seeds_{lr.json,
@@ -89,18 +90,20 @@ done
 #     drgrpo_seq and negative (adv = r - 1), seeds 0-19, with 64 answers per held-out question at T = 1.0 at step 0
 #     and step 300 (--eval-samples 64 --eval-temperature 1.0 --eval-every 0); ~60 s of one thread per run. Resumable.
 #     Writes results/tiny30_passk/<algo>_seed<k>.jsonl.gz, then the tables and the plot.
-OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=runs/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
+OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
   --algos grpo reinforce drgrpo_seq negative --eval-samples 64
 python results/passk.py --md results/tiny30_passk/passk.md --png results/tiny30_passk/passk.png
 python results/paired.py --setting tiny30_passk --md results/tiny30_passk/paired.md   # t-interval, sign-flip test
 
 # 4e. A horizon where learning finishes. The sweep, seed 0, 64 answers per held-out question at
 #     T = 1.0 at 0, 25, 50, 75 and 100% of each run (lr 1e-3 was run for grpo only: it collapsed; tiny45 and tiny60
-#     are ckpt45 and ckpt60 of 4a), then the chosen setting, tiny60 at lr 3e-4, 16 questions per step, 1000 steps,
+#     are SFT steps 420 and 820 as made on an AVX512 EPYC, sha256 in picked.json as ckpt45 and ckpt60_avx512, neither
+#     stored; elsewhere runs/tiny_policy/ holds other weights, and these runs are skipped as their files exist), then
+#     the chosen setting, tiny60 at lr 3e-4, 16 questions per step, 1000 steps,
 #     seeds 0-9 (~350 s of one thread per run). Resumable.
 S="python results/seeds.py run --seeds 0 --eval-samples 64 --batch-prompts 16"
-OMP_NUM_THREADS=1 $S --policy tiny30=runs/tiny_policy/ckpt30 --lr 3e-4 --steps 500 --algos grpo reinforce
-OMP_NUM_THREADS=1 $S --policy tiny30=runs/tiny_policy/ckpt30 --lr 1e-3 --steps 500 --algos grpo
+OMP_NUM_THREADS=1 $S --policy tiny30=results/tiny_policy/ckpt30 --lr 3e-4 --steps 500 --algos grpo reinforce
+OMP_NUM_THREADS=1 $S --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-3 --steps 500 --algos grpo
 OMP_NUM_THREADS=1 $S --policy tiny45=runs/tiny_policy/ckpt45 --lr 3e-4 --steps 500 --algos grpo
 OMP_NUM_THREADS=1 $S --policy tiny60=runs/tiny_policy/ckpt60 --lr 3e-4 --steps 500 --algos grpo
 python results/horizon.py --sweep --setting tiny30_lr3e-4_B16_500steps_passk tiny30_lr1e-3_B16_500steps_passk \

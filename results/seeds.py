@@ -19,8 +19,8 @@ pass@k spectrum: `run --eval-samples K` adds --eval-samples K --eval-temperature
 by results/passk.py.
 
 Usage:
-    python results/seeds.py run --policy tiny30=runs/tiny_policy/ckpt30 --lr 3e-5 --seeds 0-4
-    python results/seeds.py run --policy tiny30=runs/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
+    python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 3e-5 --seeds 0-4
+    python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
         --algos grpo reinforce drgrpo_seq negative --eval-samples 64   # -> results/tiny30_passk/
     python results/seeds.py pipeline                       # the whole study, in order, resumable (see `pipeline`)
     python results/seeds.py summarize --setting tiny30_lr3e-05 --md out.md --png out.png
@@ -43,7 +43,7 @@ sys.path.insert(0, ROOT)
 ALGOS = {"grpo": ["--algo", "grpo"], "reinforce": ["--algo", "reinforce"],
          "drgrpo_seq": ["--algo", "drgrpo", "--loss-agg", "seq"], "negative": ["--algo", "negative"]}
 PIPELINE_ALGOS = ["grpo", "reinforce", "drgrpo_seq"]  # the section-4 study; `negative` came later
-POLICIES = {"tiny30": "runs/tiny_policy/ckpt30", "tiny05": "runs/tiny_policy/ckpt05"}  # made by sft_tiny.py --pick
+POLICIES = {"tiny30": "results/tiny_policy/ckpt30", "tiny05": "results/tiny_policy/ckpt05"}  # stored, see sft_tiny.py
 STEPS = 300
 BATCH_PROMPTS = 4  # questions per step; G = 8 answers each
 # everything but --model, --algo, --lr, --seed and --out; micro-batch 32 = the whole batch in one pass (same gradient)
@@ -418,7 +418,7 @@ def main():
     p.add_argument("--results", default=HERE, help="where the <setting>/ folders go")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="a grid of runs")
-    r.add_argument("--policy", action="append", required=True, help="NAME=DIR, e.g. tiny30=runs/tiny_policy/ckpt30")
+    r.add_argument("--policy", action="append", required=True, help="NAME=DIR, e.g. tiny30=results/tiny_policy/ckpt30")
     r.add_argument("--lr", type=float, nargs="+", required=True)
     r.add_argument("--seeds", default="0-4")
     r.add_argument("--algos", nargs="+", default=PIPELINE_ALGOS, choices=list(ALGOS))
