@@ -1376,18 +1376,24 @@ def test_fewshot_questions_leave_both_splits_by_text_in_a_gsm8k_folder(tmp_path)
         assert not any(r["question"] in shown for r in kept_train + kept_test)
 
 
-def test_no_question_is_asked_with_its_own_solution_in_front(tiny_dir, tmp_path, monkeypatch):
-    """End to end: training rows that repeat the shown question and a test row equal to it; every prompt that
-    train() sends to the model (training and evaluation) is recorded, and none asks a question of the prefix."""
-    train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(5)] * 4
-    test = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(3)]
-    data = write_data(tmp_path / "data", train, test)
+def record_prompts(monkeypatch):
+    """The list that every prompt train() sends to the model is appended to, in order."""
     real_generate, prompts = grpo.generate, []
 
     def recording_generate(model, tokenizer, batch_prompts, *args, **kwargs):
         prompts.extend(batch_prompts)
         return real_generate(model, tokenizer, batch_prompts, *args, **kwargs)
     monkeypatch.setattr(grpo, "generate", recording_generate)
+    return prompts
+
+
+def test_no_question_is_asked_with_its_own_solution_in_front(tiny_dir, tmp_path, monkeypatch):
+    """End to end: training rows that repeat the shown question and a test row equal to it; every prompt that
+    train() sends to the model (training and evaluation) is recorded, and none asks a question of the prefix."""
+    train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(5)] * 4
+    test = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(3)]
+    data = write_data(tmp_path / "data", train, test)
+    prompts = record_prompts(monkeypatch)
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "4",
                               "--steps", "4", "--max-new-tokens", "4", "--eval-n", "3", "--fewshot", "1",
@@ -1408,12 +1414,7 @@ def test_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, monkeyp
     train = [{"question": f"what is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(12)]
     test = [{"question": f"what is {i} + 2?", "answer": f"#### {i + 2}"} for i in range(4)]
     data = write_data(tmp_path / "data", train, test)
-    real_generate, prompts = grpo.generate, []
-
-    def recording_generate(model, tokenizer, batch_prompts, *args, **kwargs):
-        prompts.extend(batch_prompts)
-        return real_generate(model, tokenizer, batch_prompts, *args, **kwargs)
-    monkeypatch.setattr(grpo, "generate", recording_generate)
+    prompts = record_prompts(monkeypatch)
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "3",
                               "--steps", "3", "--max-new-tokens", "4", "--eval-n", "4", "--fewshot", "3",
