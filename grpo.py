@@ -1058,12 +1058,6 @@ class Run:
             print(summary(args.out, time.time() - self.t0), flush=True)
 
 
-# Everything a run writes into OUT (fnmatch patterns): logs, checkpoints, wandb, the final model and its tokenizer.
-RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old", "wandb",
-             "config.json", "generation_config.json", "model*.safetensors*", "tokenizer*", "special_tokens_map.json",
-             "added_tokens.json", "chat_template.jinja", "vocab.json", "merges.txt")
-
-
 def open_metrics(out, config, keep_until=None):
     """OUT/metrics.jsonl, opened for appending, starting with the config line (see open_log for resume)."""
     if keep_until is None and os.path.exists(os.path.join(out, "metrics.jsonl")):
@@ -1398,6 +1392,10 @@ def weights_digest(model):
 # Checkpoints and stop signals: what --resume needs to continue exactly where the run stopped. -----
 
 CHECKPOINT_DIRS = ("checkpoint", "checkpoint.tmp", "checkpoint.old")  # the latest; being written; the one before
+# Everything a run writes into OUT (fnmatch patterns): logs, checkpoints, wandb, the final model and its tokenizer.
+RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", *CHECKPOINT_DIRS, "wandb", "config.json", "generation_config.json",
+             "model*.safetensors*", "tokenizer*", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
+             "vocab.json", "merges.txt")
 
 
 def save_checkpoint(out, model, tokenizer, optimizer, state, rng):
