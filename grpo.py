@@ -54,6 +54,7 @@ import re
 import shlex
 import shutil
 import signal
+import statistics
 import sys
 import threading
 import time
@@ -74,8 +75,8 @@ class ConfigError(Exception):
 SETTINGS = {
     "full": {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "gsm8k", "batch_prompts": 4, "steps": 200,
              "max_new_tokens": 256, "temperature": 1.0, "lr": 1e-6, "eval_every": 10, "eval_n": 200},
-    "small": {"model": "smollm2", "dataset": "arith", "batch_prompts": 2, "steps": 6,
-              "max_new_tokens": 64, "temperature": 0.7, "lr": 2e-5, "eval_every": 0, "eval_n": 48},
+    "small": {"model": "smollm2", "dataset": "arith", "batch_prompts": 2, "steps": 8,
+              "max_new_tokens": 32, "temperature": 0.7, "lr": 5e-5, "eval_every": 0, "eval_n": 48},
 }
 
 
@@ -586,8 +587,9 @@ def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3, progr
         sampled = answer(model, tokenizer, mine, eos_ids, args, shots, K, args.eval_temperature, generator, answered)
     greedy, sampled = ([x for part in gather_objects(texts) for x in part] for texts in (greedy, sampled))
     refs = [row["ref"] for row in rows]
-    metrics = {"acc_strict": sum(reward(text, ref, strict=True) for text, ref in zip(greedy, refs)) / len(rows),
-               "acc_lenient": sum(reward(text, ref) for text, ref in zip(greedy, refs)) / len(rows), "n": len(rows)}
+    right = {strict: [int(reward(text, ref, strict)) for text, ref in zip(greedy, refs)] for strict in (False, True)}
+    metrics = {"acc_strict": sum(right[True]) / len(rows), "acc_lenient": sum(right[False]) / len(rows),
+               "n": len(rows), "right": right[False], "right_strict": right[True]}  # per question, for paired tests
     for strict, suffix in ((False, ""), (True, "_strict")) if K else ():
         answers = [[extract_answer(text, strict) for text in texts] for texts in sampled]
         correct = [sum(answers_equal(a, ref) for a in found) for found, ref in zip(answers, refs)]
@@ -1110,7 +1112,7 @@ def summary(out, wall_s):
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"), encoding="utf-8")]
     config, evals = records[0], [r for r in records if r["type"] == "eval"]
     rewards = [r["reward_mean"] for r in records if r["type"] == "train"]
-    tenth = max(1, len(rewards) // 10)
+    tenth = math.ceil(len(rewards) / 10)
     first, last = evals[0], evals[-1]
     K = config["eval_samples"]
     keys = ["acc_lenient", "acc_strict"] + (["pass@1", f"pass@{K}", f"maj@{K}"] if K else [])
@@ -1118,11 +1120,26 @@ def summary(out, wall_s):
              f"{config['dataset']}) in {wall_s / 60:.1f} min",
              f"eval on {last['n']} held-out questions, step {first['step']} -> {last['step']}: "
              + ", ".join(f"{k.replace('acc_', '')} {first[k]:.3f} -> {last[k]:.3f}" for k in keys),
+             *paired_change(first, last),
              f"train reward, mean of steps 1-{tenth}: {sum(rewards[:tenth]) / tenth:.3f}; of steps "
              f"{len(rewards) - tenth + 1}-{len(rewards)}: {sum(rewards[-tenth:]) / tenth:.3f}",
              f"metrics: {os.path.join(out, 'metrics.jsonl')}; checkpoint: {os.path.join(out, 'checkpoint')}; "
              f"final model: {out} (from_pretrained)"]
     return "\n".join(lines)
+
+
+def paired_change(first, last):
+    """The greedy accuracy's change on the same questions with its standard error: sd(d) / sqrt(n) over the
+    per-question differences d in {-1, 0, 1}. Nothing for runs whose eval lines predate the per-question lists."""
+    lines = []
+    for key, label in (("right", "lenient"), ("right_strict", "strict")):
+        if key in first and key in last and len(first[key]) == len(last[key]) > 1:
+            d = [b - a for a, b in zip(first[key], last[key])]
+            se = statistics.stdev(d) / math.sqrt(len(d))
+            mean = sum(d) / len(d)
+            lines.append(f"  {label} change {mean:+.3f}, paired standard error {se:.3f}"
+                         + (f" ({abs(mean) / se:.1f} SE)" if se else ""))
+    return lines
 
 
 # Flag and data checks: bad input stops at once with one line that says what to do. ----------------

@@ -2354,11 +2354,13 @@ def eval_worker(rank, world_size, port, work):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_evaluation_on_several_ranks_equals_one_process(world_size, tmp_path):
-    """7 questions over 2 ranks (3 + 4) or 3 ranks (2 + 2 + 3): greedy accuracy, per-question `correct`, pass@k and
-    maj@K on every rank equal one process's, which equal the values by hand."""
+    """7 questions over 2 ranks (3 + 4) or 3 ranks (2 + 2 + 3): greedy accuracy and its per-question `right`, the
+    sampled per-question `correct`, pass@k and maj@K on every rank equal one process's, which equal the values by
+    hand."""
     model, tokenizer, rows, args = replay_eval_setup()
     one = grpo.evaluate(model, tokenizer, rows, [0], args)
     assert one["correct"] == [4, 4, 0, 4, 0, 0, 4] and one["acc_lenient"] == one["pass@4"] == 4 / 7
+    assert one["right"] == one["right_strict"] == [1, 1, 0, 1, 0, 0, 1]  # greedy, per question
     torch.multiprocessing.spawn(eval_worker, args=(world_size, free_port(), str(tmp_path)), nprocs=world_size)
     for rank in range(world_size):
         got = torch.load(tmp_path / f"rank{rank}.pt")
@@ -2530,7 +2532,7 @@ def test_the_setting_follows_the_machine(monkeypatch, cuda, hub, setting, why):
     args = grpo.get_args(["--G", "8", "--algo", "grpo", "--dtype", "float32"])
     assert (args.setting, args.setting_why, len(asked)) == (setting, why, int(cuda))
     expected = {"full": ("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k", 4, 200, 256, 1.0, 1e-6, 10, 200),
-                "small": ("smollm2", "arith", 2, 6, 64, 0.7, 2e-5, 0, 48)}[setting]
+                "small": ("smollm2", "arith", 2, 8, 32, 0.7, 5e-5, 0, 48)}[setting]
     names = ("model", "dataset", "batch_prompts", "steps", "max_new_tokens", "temperature", "lr", "eval_every",
              "eval_n")
     assert tuple(getattr(args, n) for n in names) == expected
@@ -2559,7 +2561,7 @@ def test_the_config_line_records_the_setting_and_resume_keeps_it(tiny_dir, data_
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--steps", "1",
                               "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)]))
     first = json.loads(open(out / "metrics.jsonl").readline())
-    assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"]) == ("small", 2, 2e-5, 0.7)
+    assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"]) == ("small", 2, 5e-5, 0.7)
     assert "setting_why" not in first
     assert capsys.readouterr().err.startswith("setting small (no CUDA device): ")
     machine(monkeypatch, cuda=True, hub=True)
@@ -2581,20 +2583,56 @@ def test_the_bare_command_on_this_machine(tmp_path):
                                "Qwen/Qwen2.5-0.5B-Instruct on GSM8K is --setting full\n"), r.stderr[:500]
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert (lines[0]["setting"], lines[0]["model"], lines[0]["dataset"], lines[0]["lr"]) == (
-        "small", "smollm2", "arith", 2e-5)
+        "small", "smollm2", "arith", 5e-5)
     train = [x for x in lines if x["type"] == "train"]
     evals = [x for x in lines if x["type"] == "eval"]
     assert len(train) == 1 and math.isfinite(train[0]["loss"]) and [e["step"] for e in evals] == [0, 1]
-    summary = r.stdout.strip().splitlines()[-4:]
+    summary = r.stdout.strip().splitlines()[-6:]
     assert summary[0].startswith("done: 1 steps of grpo (small setting: smollm2 on arith) in ")
     assert summary[1] == (f"eval on 4 held-out questions, step 0 -> 1: lenient {evals[0]['acc_lenient']:.3f} -> "
                           f"{evals[1]['acc_lenient']:.3f}, strict {evals[0]['acc_strict']:.3f} -> "
                           f"{evals[1]['acc_strict']:.3f}")
-    assert summary[2] == (f"train reward, mean of steps 1-1: {train[0]['reward_mean']:.3f}; of steps 1-1: "
+    for line, key, label in ((summary[2], "right", "lenient"), (summary[3], "right_strict", "strict")):
+        before, after = (e[key] for e in evals)  # per question, 0 or 1
+        assert [sum(before) / 4, sum(after) / 4] == [evals[0]["acc_" + label], evals[1]["acc_" + label]]
+        d = [b - a for a, b in zip(before, after)]
+        assert line.startswith(f"  {label} change {sum(d) / 4:+.3f}, paired standard error "
+                               f"{statistics.stdev(d) / 2:.3f}"), line  # sqrt(4 questions) = 2
+    assert summary[4] == (f"train reward, mean of steps 1-1: {train[0]['reward_mean']:.3f}; of steps 1-1: "
                           f"{train[0]['reward_mean']:.3f}")
-    assert summary[3] == f"metrics: {out}/metrics.jsonl; checkpoint: {out}/checkpoint; final model: {out} " \
+    assert summary[5] == f"metrics: {out}/metrics.jsonl; checkpoint: {out}/checkpoint; final model: {out} " \
                          "(from_pretrained)"
     assert "eval 4/4 questions" in r.stderr  # the bar shows the evaluation's progress
+
+
+def test_the_summary_gives_the_paired_change_by_hand():
+    """d = [0, 1, 1, -1, 1, 0]: mean 1/3, squared deviations summing to 30/9, sd sqrt(30/9 / 5) = sqrt(2/3), SE
+    sqrt(2/3) / sqrt(6) = 1/3; a line only where both evaluations kept their per-question lists."""
+    first = {"right": [1, 0, 0, 1, 0, 0], "right_strict": [0] * 6}
+    last = {"right": [1, 1, 1, 0, 1, 0], "right_strict": [0] * 6}
+    assert grpo.paired_change(first, last) == ["  lenient change +0.333, paired standard error 0.333 (1.0 SE)",
+                                               "  strict change +0.000, paired standard error 0.000"]
+    assert grpo.paired_change({"acc_lenient": 0.5}, last) == []
+
+
+def test_the_summary_by_hand(tmp_path):
+    """14 steps: a tenth is ceil(1.4) = 2 steps at each end; the numbers as computed by hand."""
+    config = {"type": "config", "algo": "grpo", "setting": "small", "model": "smollm2", "dataset": "arith",
+              "eval_samples": 0}
+    rewards = [0.0, 0.5] + [0.25] * 10 + [1.0, 0.75]
+    evals = [{"type": "eval", "step": s, "n": 6, "acc_lenient": sum(r) / 6, "acc_strict": 0.0, "right": r,
+              "right_strict": [0] * 6} for s, r in ((0, [1, 0, 0, 1, 0, 0]), (14, [1, 1, 1, 0, 1, 0]))]
+    records = [config, evals[0]] + [{"type": "train", "step": i + 1, "reward_mean": r} for i, r in
+                                    enumerate(rewards)] + [evals[1]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert grpo.summary(str(tmp_path), 405.0).splitlines() == [
+        "done: 14 steps of grpo (small setting: smollm2 on arith) in 6.8 min",
+        "eval on 6 held-out questions, step 0 -> 14: lenient 0.333 -> 0.667, strict 0.000 -> 0.000",
+        "  lenient change +0.333, paired standard error 0.333 (1.0 SE)",
+        "  strict change +0.000, paired standard error 0.000",
+        "train reward, mean of steps 1-2: 0.250; of steps 13-14: 0.875",
+        f"metrics: {tmp_path}/metrics.jsonl; checkpoint: {tmp_path}/checkpoint; final model: {tmp_path} "
+        "(from_pretrained)"]
 
 
 def test_the_small_setting_without_its_package_is_one_line(monkeypatch, capsys, tmp_path):

@@ -121,8 +121,9 @@ python results/paired.py --setting tiny60_lr3e-4_B16_1000steps_passk \
 # 4f. The horizon rerun from the stored ckpt60 (policy name tiny60s), each algorithm at its own learning rate. The sweep:
 #     grpo and reinforce at lr 1e-4, 3e-4 and 1e-3, seeds 0-2, 500 steps; pick_lr.py applies the rule fixed before
 #     the sweep's first run finished (results/README.md) and writes the rates to results/tiny60s_lr.json. Then seeds
-#     0-19 of grpo and reinforce at their rates and of negative at 3e-4, 1000 steps (~400-500 s of one thread per run
-#     when two run at a time). Resumable.
+#     0-19 of grpo and reinforce at their rates and of negative at 3e-4, 1000 steps (~20 min of one thread per run on
+#     an AVX2-only AMD EPYC). Resumable: a run checkpoints every 100 steps (in runs/seeds_scratch/) and continues
+#     from there; its file keeps 6 significant digits and no per-step timings (seeds.py compact).
 T="python results/seeds.py run --policy tiny60s=results/tiny_policy/ckpt60 --eval-samples 64 --batch-prompts 16"
 OMP_NUM_THREADS=1 $T --lr 1e-4 3e-4 1e-3 --seeds 0-2 --steps 500 --algos grpo reinforce
 python results/pick_lr.py --md results/tiny60s_lr_sweep.md --json results/tiny60s_lr.json

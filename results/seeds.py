@@ -5,7 +5,8 @@ Runs `grpo.py` once per (policy, algorithm, learning rate, seed), each in a chil
 one at a time, on one thread. Every run writes RESULTS/<setting>/<algo>_seed<k>.jsonl.gz, the gzipped
 metrics.jsonl of the run (config line first), with <setting> = <policy>_lr<lr>, e.g. tiny30_lr3e-05. A run whose
 file exists is skipped, so every command here can be stopped and started again; a run cut short is redone
-from its start. Each finished run's wall and CPU seconds are appended to RESULTS/seeds_runs.jsonl.
+from its last checkpoint (every 100 steps, in SCRATCH; grpo.py's resume is exact). Each finished run's wall and CPU
+seconds, summed over its attempts, are appended to RESULTS/seeds_runs.jsonl.
 
 Algorithms (identical flags otherwise, FLAGS below):
     grpo        --algo grpo                        adv = (r - mean) / (std + eps), loss 1/G sum_i 1/|o_i| sum_t
@@ -50,7 +51,9 @@ BATCH_PROMPTS = 4  # questions per step; G = 8 answers each
 # (run_one adds --batch-prompts and --micro-batch)
 FLAGS = ["--dataset", "arith", "--G", "8", "--max-new-tokens", "16", "--temperature", "1.0",
          "--beta", "0.04", "--eval-every", "100", "--eval-n", "200", "--dtype", "float32"]
-SCRATCH = os.environ.get("SEEDS_SCRATCH", "/tmp/seeds_runs")  # each run's folder (checkpoint, model), deleted after
+# each run's folder (checkpoints, model), deleted once its file is written; kept on disk between sessions
+SCRATCH = os.environ.get("SEEDS_SCRATCH", os.path.join(ROOT, "runs", "seeds_scratch"))
+SAVE_EVERY = 100  # steps between checkpoints: a run stopped by the end of a session continues from the last one
 
 
 def lr_name(lr):
@@ -101,18 +104,24 @@ def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0, batch_
     if os.path.exists(final):
         return None
     out = os.path.join(SCRATCH, setting, f"{algo}_seed{seed}")
-    shutil.rmtree(out, ignore_errors=True)
-    os.makedirs(out)
     argv = ["--model", path, *ALGOS[algo], "--lr", str(lr), "--seed", str(seed), "--steps", str(steps),
             *FLAGS, *passk_flags(eval_samples, every), "--batch-prompts", str(batch_prompts),
-            "--micro-batch", str(batch_prompts * 8), "--out", out, "--overwrite"]
+            "--micro-batch", str(batch_prompts * 8), "--save-every", str(SAVE_EVERY), "--out", out, "--overwrite"]
+    spent = os.path.join(out, "spent.json")  # wall and CPU seconds of the attempts before this one
+    if os.path.exists(os.path.join(out, "checkpoint")) and os.path.exists(spent):
+        argv = ["--resume", out]
+    else:
+        shutil.rmtree(out, ignore_errors=True)
+        os.makedirs(out)
+        with open(spent, "w") as f:
+            json.dump({"wall_s": 0.0, "cpu_s": 0.0}, f)
     log = os.path.join(SCRATCH, f"{setting}_{algo}_seed{seed}.log")
     t0 = time.time()
     pid = os.fork()
     if pid == 0:  # the child: grpo.py's own main(), stdout and stderr to the run's log
         status = 1
         try:
-            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             import torch
@@ -129,16 +138,30 @@ def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0, batch_
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(status)
-    _, status, usage = os.wait4(pid, 0)
-    wall = time.time() - t0
-    cpu = usage.ru_utime + usage.ru_stime
+    with open(spent) as f:
+        before = json.load(f)
+    while True:  # spent.json stays current, so an attempt ended with the session still counts
+        done, status, usage = os.wait4(pid, os.WNOHANG)
+        if done:
+            cpu = usage.ru_utime + usage.ru_stime
+        else:
+            time.sleep(10)
+            with open(f"/proc/{pid}/stat") as f:  # the child's utime and stime, in clock ticks
+                cpu = sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13]) / os.sysconf("SC_CLK_TCK")
+        wall, cpu = before["wall_s"] + time.time() - t0, before["cpu_s"] + cpu
+        with open(spent + ".tmp", "w") as f:
+            json.dump({"wall_s": wall, "cpu_s": cpu}, f)
+        os.replace(spent + ".tmp", spent)
+        if done:
+            break
     if os.waitstatus_to_exitcode(status) != 0:
         with open(log) as f:
             tail = f.read()[-2000:]
         raise RuntimeError(f"grpo.py {' '.join(argv)} failed (exit {os.waitstatus_to_exitcode(status)}):\n{tail}")
     os.makedirs(os.path.dirname(final), exist_ok=True)
-    with open(os.path.join(out, "metrics.jsonl"), "rb") as src, gzip.open(final + ".tmp", "wb") as dst:
-        shutil.copyfileobj(src, dst)
+    with open(os.path.join(out, "metrics.jsonl")) as src, gzip.open(final + ".tmp", "wt") as dst:
+        for line in src:
+            dst.write(json.dumps(compact(json.loads(line))) + "\n")
     os.replace(final + ".tmp", final)  # the file appears only once complete
     shutil.rmtree(out)
     os.remove(log)
@@ -147,6 +170,19 @@ def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0, batch_
                             "batch_prompts": batch_prompts, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}) + "\n")
     print(f"{setting} {algo} seed {seed}: {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
     return wall, cpu
+
+
+def compact(x):
+    """A metrics.jsonl record as stored: floats to 6 significant digits (float32 holds about 7) and no per-step
+    timings (each run's wall and CPU seconds are in seeds_runs.jsonl); 60% smaller gzipped. Files written before
+    this rule keep every digit."""
+    if isinstance(x, float):
+        return float(f"{x:.6g}")
+    if isinstance(x, list):
+        return [compact(v) for v in x]
+    if isinstance(x, dict):
+        return {k: compact(v) for k, v in x.items() if k not in ("step_s", "gen_s", "gen_tok_per_s")}
+    return x
 
 
 def preload():
@@ -208,7 +244,7 @@ def run_numbers(path):
             "kl_end": sum(x["kl"] for x in last20) / len(last20),
             "all_correct": sum(x["frac_all_correct"] for x in train) / len(train),
             "all_wrong": sum(x["frac_all_wrong"] for x in train) / len(train),
-            "step_s": sorted(x["step_s"] for x in train)[len(train) // 2]}
+            "step_s": sorted(x["step_s"] for x in train)[len(train) // 2] if "step_s" in train[0] else None}
 
 
 def bootstrap_ci(values, n=10000, seed=0, stat=None):
