@@ -145,7 +145,7 @@ def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0, batch_
         if done:
             cpu = usage.ru_utime + usage.ru_stime
         else:
-            time.sleep(10)
+            time.sleep(2)
             with open(f"/proc/{pid}/stat") as f:  # the child's utime and stime, in clock ticks
                 cpu = sum(int(x) for x in f.read().rsplit(")", 1)[1].split()[11:13]) / os.sysconf("SC_CLK_TCK")
         wall, cpu = before["wall_s"] + time.time() - t0, before["cpu_s"] + cpu
