@@ -75,8 +75,8 @@ class ConfigError(Exception):
 SETTINGS = {
     "full": {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "gsm8k", "batch_prompts": 4, "steps": 200,
              "max_new_tokens": 256, "temperature": 1.0, "lr": 1e-6, "eval_every": 10, "eval_n": 200},
-    "small": {"model": "smollm2", "dataset": "arith", "batch_prompts": 2, "steps": 8,
-              "max_new_tokens": 32, "temperature": 0.7, "lr": 5e-5, "eval_every": 0, "eval_n": 48},
+    "small": {"model": "smollm2", "dataset": "arith", "batch_prompts": 2, "steps": 12,
+              "max_new_tokens": 32, "temperature": 0.7, "lr": 2e-5, "eval_every": 0, "eval_n": 48},
 }
 
 
@@ -603,8 +603,10 @@ def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3, progr
 
 
 def answer(model, tokenizer, rows, eos_ids, args, shots, k, temperature, generator=None, answered=None):
-    """k answers (texts) to each row's question, in batches of at most a rank's rollout batch of sequences."""
-    batch_size = max(1, args.batch_prompts * args.G // rank_and_world()[1] // k)  # questions: fits if sampling does
+    """k answers (texts) to each row's question, in batches of as many questions as max(64, a rank's rollout batch)
+    rows hold, at least one: 64 rows of KV cache are small next to training's memory, and a CPU multiplies a larger
+    batch faster."""
+    batch_size = max(1, max(64, args.batch_prompts * args.G // rank_and_world()[1]) // k)  # questions per batch
     answers = []
     for start in range(0, len(rows), batch_size):
         prompts = [build_prompt(tokenizer, r["question"], shots) for r in rows[start:start + batch_size]]

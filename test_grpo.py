@@ -1671,7 +1671,7 @@ def test_sampled_eval_counts_recomputed_from_its_completions(tiny_dir, tmp_path,
                               "--eval-temperature", "1.3", "--out", str(out)]))
     evals = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "eval"]
     sampled = [c for c in calls if c[0] == 6]
-    assert [c[1] for c in sampled] == [1.3] * 10  # 2 evals x 5 questions, one a call: 6 answers exceed B*G = 4
+    assert [c[1] for c in sampled] == [1.3] * 2  # one call an eval: 64 rows hold 64 // 6 = 10 questions of 6
     texts = [t for c in sampled for t in c[2]]
     assert len(texts) == 2 * 5 * 6  # two evals (step 0 and the end), 5 questions, 6 answers each
     for e, chunk in zip(evals, (texts[:30], texts[30:])):
@@ -2368,6 +2368,20 @@ def test_evaluation_on_several_ranks_equals_one_process(world_size, tmp_path):
         assert got["samples"] == one["samples"]
 
 
+@pytest.mark.parametrize("batch_prompts, K, done", [
+    (2, 16, [7, 11, 14]),  # rollout batch 4 < 64 rows: greedy 64 questions a batch, sampled 64 // 16 = 4
+    (2, 100, [7, 8, 9, 10, 11, 12, 13, 14]),  # more samples than 64: one question a batch
+    (40, 16, [7, 12, 14])])  # rollout batch 80 > 64 rows: 80 // 16 = 5 questions a batch
+def test_evaluation_answers_in_batches_of_at_least_64_rows(batch_prompts, K, done):
+    """evaluate's progress hears of each batch: the 7 greedy answers come in one batch, then the sampled ones in
+    batches of max(64, B*G) // K questions, so the counts of questions answered are known by hand."""
+    model, tokenizer, rows, args = replay_eval_setup()
+    args.batch_prompts, args.eval_samples = batch_prompts, K
+    heard = []
+    grpo.evaluate(model, tokenizer, rows, [0], args, progress=lambda n, total: heard.append((n, total)))
+    assert heard == [(n, 14) for n in done]
+
+
 def test_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun --nproc_per_node=2 sets; checked before joining any group
     flags = ["--model", tiny_dir, "--dataset", data_dir, "--out", str(tmp_path / "run"), "--G", "4"]
@@ -2532,7 +2546,7 @@ def test_the_setting_follows_the_machine(monkeypatch, cuda, hub, setting, why):
     args = grpo.get_args(["--G", "8", "--algo", "grpo", "--dtype", "float32"])
     assert (args.setting, args.setting_why, len(asked)) == (setting, why, int(cuda))
     expected = {"full": ("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k", 4, 200, 256, 1.0, 1e-6, 10, 200),
-                "small": ("smollm2", "arith", 2, 8, 32, 0.7, 5e-5, 0, 48)}[setting]
+                "small": ("smollm2", "arith", 2, 12, 32, 0.7, 2e-5, 0, 48)}[setting]
     names = ("model", "dataset", "batch_prompts", "steps", "max_new_tokens", "temperature", "lr", "eval_every",
              "eval_n")
     assert tuple(getattr(args, n) for n in names) == expected
@@ -2561,7 +2575,7 @@ def test_the_config_line_records_the_setting_and_resume_keeps_it(tiny_dir, data_
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--steps", "1",
                               "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)]))
     first = json.loads(open(out / "metrics.jsonl").readline())
-    assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"]) == ("small", 2, 5e-5, 0.7)
+    assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"]) == ("small", 2, 2e-5, 0.7)
     assert "setting_why" not in first
     assert capsys.readouterr().err.startswith("setting small (no CUDA device): ")
     machine(monkeypatch, cuda=True, hub=True)
@@ -2583,7 +2597,7 @@ def test_the_bare_command_on_this_machine(tmp_path):
                                "Qwen/Qwen2.5-0.5B-Instruct on GSM8K is --setting full\n"), r.stderr[:500]
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert (lines[0]["setting"], lines[0]["model"], lines[0]["dataset"], lines[0]["lr"]) == (
-        "small", "smollm2", "arith", 5e-5)
+        "small", "smollm2", "arith", 2e-5)
     train = [x for x in lines if x["type"] == "train"]
     evals = [x for x in lines if x["type"] == "eval"]
     assert len(train) == 1 and math.isfinite(train[0]["loss"]) and [e["step"] for e in evals] == [0, 1]

@@ -13,15 +13,17 @@ each seed has its own 200 questions, not resampled within a seed. Steps to 0.5 a
 
 Usage:
     python results/horizon.py --setting tiny60_lr3e-4_B16_1000steps_passk --md OUT.md --png OUT.png
+    python results/horizon.py --setting grpo=tiny60s_lr1e-4_B16_1000steps_passk \
+      reinforce=tiny60s_lr1e-4_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk --md OUT.md
     python results/horizon.py --sweep --setting tiny30_lr3e-4_B16_500steps_passk tiny30_lr1e-3_B16_500steps_passk
 """
 import argparse
-import json
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+import paired  # noqa: E402
 from passk import band, ci  # noqa: E402
 from seeds import ALGOS, moving_average, read_run, steps_to  # noqa: E402
 
@@ -31,20 +33,12 @@ NAMES = {"acc_lenient": "greedy"}
 PAIRS = [("reinforce", "grpo"), ("negative", "grpo"), ("negative", "reinforce")]
 
 
-def load(folder):
-    """{algo: {seed: (train lines, eval lines)}}, keeping only the seeds every algorithm has."""
-    runs = {}
-    for algo in ALGOS:
-        for name in sorted(os.listdir(folder)):
-            if name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz"):
-                config, train, evals = read_run(os.path.join(folder, name))
-                runs.setdefault(algo, {})[config["seed"]] = (train, evals)
+def load(specs):
+    """{algo: {seed: (train lines, eval lines)}} from specs 'FOLDER' or 'algo=FOLDER' (as paired.py reads them),
+    keeping only the seeds every algorithm has; paired.load checks that each seed's step-0 evals are one draw."""
+    runs = paired.load(specs)
     common = set.intersection(*(set(by_seed) for by_seed in runs.values()))
-    runs = {a: {s: by_seed[s] for s in sorted(common)} for a, by_seed in runs.items()}
-    for s in common:  # the starting policy, judged with the same sampler seed: one draw per seed
-        starts = {json.dumps(by_seed[s][1][0]["correct"]) for by_seed in runs.values()}
-        assert len(starts) == 1, f"step-0 evals differ on seed {s}"
-    return runs
+    return {a: {s: by_seed[s] for s in sorted(common)} for a, by_seed in runs.items()}
 
 
 def quarters(train, key="reward_mean"):
@@ -225,7 +219,8 @@ def sweep(settings):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--setting", nargs="+", required=True,
-                   help="a folder of RESULTS written by seeds.py run --eval-samples; with --sweep, several")
+                   help="folders of RESULTS written by seeds.py run --eval-samples: FOLDER (every algorithm in it) "
+                        "or algo=FOLDER; with --sweep, one row per run of each FOLDER")
     p.add_argument("--sweep", action="store_true", help="one row per run of each setting (the lr / batch sweep)")
     p.add_argument("--md", default=None)
     p.add_argument("--png", default=None)
@@ -233,16 +228,16 @@ def main():
     if a.sweep:
         lines = sweep(a.setting)
     else:
-        runs = load(os.path.join(HERE, a.setting[0]))
+        runs = load(a.setting)
         seeds = list(next(iter(runs.values())))
-        lines = [f"{a.setting[0]}: seeds {seeds}; 64 answers per question at T = 1.0 on each seed's 200 held-out "
-                 "questions at each eval.", ""] + tables(runs)
+        lines = [f"{' '.join(a.setting)}: seeds {seeds}; 64 answers per question at T = 1.0 on each seed's 200 "
+                 "held-out questions at each eval.", ""] + tables(runs)
     text = "\n".join(lines)
     if a.md:
         with open(a.md, "w") as f:
             f.write(text + "\n")
     if a.png and not a.sweep:
-        plot(runs, a.setting[0], a.png)
+        plot(runs, " ".join(a.setting), a.png)
     print(text)
 
 

@@ -121,7 +121,7 @@ python results/paired.py --setting tiny60_lr3e-4_B16_1000steps_passk \
 # 4f. The horizon rerun from the stored ckpt60 (policy name tiny60s), each algorithm at its own learning rate. The sweep:
 #     grpo and reinforce at lr 1e-4, 3e-4 and 1e-3, seeds 0-2, 500 steps; pick_lr.py applies the rule fixed before
 #     the sweep's first run finished (results/README.md) and writes the rates to results/tiny60s_lr.json. Then seeds
-#     0-19 of grpo and reinforce at their rates and of negative at 3e-4, 1000 steps (~20 min of one thread per run on
+#     0-19 of grpo and reinforce at their rates and of negative at 3e-4, 1000 steps (15-17 min of one thread per run on
 #     an AVX2-only AMD EPYC). Resumable: a run checkpoints every 100 steps (in runs/seeds_scratch/) and continues
 #     from there; its file keeps 6 significant digits and no per-step timings (seeds.py compact).
 T="python results/seeds.py run --policy tiny60s=results/tiny_policy/ckpt60 --eval-samples 64 --batch-prompts 16"
@@ -132,9 +132,10 @@ LR_R=$(python -c "import json; print(json.load(open('results/tiny60s_lr.json'))[
 OMP_NUM_THREADS=1 $T --steps 1000 --seeds 0-19 --lr $LR_G --algos grpo
 OMP_NUM_THREADS=1 $T --steps 1000 --seeds 0-19 --lr $LR_R --algos reinforce
 OMP_NUM_THREADS=1 $T --steps 1000 --seeds 0-19 --lr 3e-4 --algos negative
-python results/paired.py --setting grpo=tiny60s_lr${LR_G}_B16_1000steps_passk \
-  reinforce=tiny60s_lr${LR_R}_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk \
-  --md results/tiny60s_paired.md
+S60="grpo=tiny60s_lr${LR_G}_B16_1000steps_passk reinforce=tiny60s_lr${LR_R}_B16_1000steps_passk"
+S60="$S60 negative=tiny60s_lr3e-4_B16_1000steps_passk"
+python results/paired.py --setting $S60 --md results/tiny60s_paired.md
+python results/horizon.py --setting $S60 --md results/tiny60s_horizon.md --png results/tiny60s_horizon.png
 
 # 5. SmolLM2-135M-Instruct on arith, the real-model confirmation: grpo and reinforce, seeds 0-2, 100 steps,
 #    greedy eval on 200 held-out questions at steps 0, 50 and 100, --dtype auto (bfloat16 on this CPU). 22-46 min of

@@ -172,6 +172,9 @@ def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0, batch_
     return wall, cpu
 
 
+TIMING = {"step_s", "gen_s", "gen_tok_per_s"}  # per-step wall times: they differ between two runs of one seed
+
+
 def compact(x):
     """A metrics.jsonl record as stored: floats to 6 significant digits (float32 holds about 7) and no per-step
     timings (each run's wall and CPU seconds are in seeds_runs.jsonl); 60% smaller gzipped. Files written before
@@ -181,7 +184,7 @@ def compact(x):
     if isinstance(x, list):
         return [compact(v) for v in x]
     if isinstance(x, dict):
-        return {k: compact(v) for k, v in x.items() if k not in ("step_s", "gen_s", "gen_tok_per_s")}
+        return {k: compact(v) for k, v in x.items() if k not in TIMING}
     return x
 
 

@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
-from seeds import read_run  # noqa: E402
+from seeds import TIMING, read_run  # noqa: E402
 
 FOLDER = os.path.join(HERE, "smollm2_passk")
 SECTION5 = os.path.join(HERE, "smollm2_arith")
@@ -32,7 +32,6 @@ K, N = 16, 100
 COLS = [f"pass@{k}" for k in (1, 2, 4, 8, 16)] + [f"maj@{K}", "acc_lenient"]
 FLAGS = ["--dataset", "arith", "--G", "8", "--batch-prompts", "2", "--max-new-tokens", "64", "--temperature", "0.7",
          "--dtype", "bfloat16", "--eval-n", str(N), "--eval-samples", str(K)]
-TIMING = {"step_s", "gen_s", "gen_tok_per_s"}
 
 
 def evaluate(name, model_name, seed):
