@@ -603,10 +603,12 @@ def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3, progr
 
 
 def answer(model, tokenizer, rows, eos_ids, args, shots, k, temperature, generator=None, answered=None):
-    """k answers (texts) to each row's question, in batches of as many questions as max(64, a rank's rollout batch)
-    rows hold, at least one: 64 rows of KV cache are small next to training's memory, and a CPU multiplies a larger
-    batch faster."""
-    batch_size = max(1, max(64, args.batch_prompts * args.G // rank_and_world()[1]) // k)  # questions per batch
+    """k answers (texts) to each row's question, in batches of a rank's rollout batch of rows (fits where sampling
+    does), at least one question; greedy answers in batches of at least 64: a CPU multiplies 64 rows faster than 16."""
+    seqs = args.batch_prompts * args.G // rank_and_world()[1]
+    if temperature is None:  # no random numbers drawn: the batches do not change which answers come out
+        seqs = max(seqs, 64)
+    batch_size = max(1, seqs // k)  # questions per batch
     answers = []
     for start in range(0, len(rows), batch_size):
         prompts = [build_prompt(tokenizer, r["question"], shots) for r in rows[start:start + batch_size]]

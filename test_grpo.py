@@ -1671,7 +1671,7 @@ def test_sampled_eval_counts_recomputed_from_its_completions(tiny_dir, tmp_path,
                               "--eval-temperature", "1.3", "--out", str(out)]))
     evals = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "eval"]
     sampled = [c for c in calls if c[0] == 6]
-    assert [c[1] for c in sampled] == [1.3] * 2  # one call an eval: 64 rows hold 64 // 6 = 10 questions of 6
+    assert [c[1] for c in sampled] == [1.3] * 10  # 2 evals x 5 questions, one a call: 6 answers exceed B*G = 4
     texts = [t for c in sampled for t in c[2]]
     assert len(texts) == 2 * 5 * 6  # two evals (step 0 and the end), 5 questions, 6 answers each
     for e, chunk in zip(evals, (texts[:30], texts[30:])):
@@ -2369,12 +2369,12 @@ def test_evaluation_on_several_ranks_equals_one_process(world_size, tmp_path):
 
 
 @pytest.mark.parametrize("batch_prompts, K, done", [
-    (2, 16, [7, 11, 14]),  # rollout batch 4 < 64 rows: greedy 64 questions a batch, sampled 64 // 16 = 4
-    (2, 100, [7, 8, 9, 10, 11, 12, 13, 14]),  # more samples than 64: one question a batch
-    (40, 16, [7, 12, 14])])  # rollout batch 80 > 64 rows: 80 // 16 = 5 questions a batch
-def test_evaluation_answers_in_batches_of_at_least_64_rows(batch_prompts, K, done):
-    """evaluate's progress hears of each batch: the 7 greedy answers come in one batch, then the sampled ones in
-    batches of max(64, B*G) // K questions, so the counts of questions answered are known by hand."""
+    (2, 4, [7, 8, 9, 10, 11, 12, 13, 14]),  # rollout batch 4 rows: greedy 64 questions a batch, sampled 4 // 4 = 1
+    (2, 2, [7, 9, 11, 13, 14]),  # sampled 4 // 2 = 2 questions a batch
+    (40, 16, [7, 12, 14])])  # rollout batch 80 rows: greedy 80 questions a batch, sampled 80 // 16 = 5
+def test_evaluation_batches(batch_prompts, K, done):
+    """evaluate's progress hears of each batch: the 7 greedy answers come in one batch (at least 64 rows), then the
+    sampled ones in batches of B*G // K questions, so the counts of questions answered are known by hand."""
     model, tokenizer, rows, args = replay_eval_setup()
     args.batch_prompts, args.eval_samples = batch_prompts, K
     heard = []

@@ -172,7 +172,7 @@ def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0, batch_
     return wall, cpu
 
 
-TIMING = {"step_s", "gen_s", "gen_tok_per_s"}  # per-step wall times: they differ between two runs of one seed
+TIMING = {"step_s", "gen_s", "gen_tok_per_s"}  # per-step timings: they differ between two runs of one seed
 
 
 def compact(x):
