@@ -580,6 +580,7 @@ def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3, progr
         done[0] += n
         if progress:
             progress(done[0], total)
+    answered(0)  # the bar says an evaluation is under way before its first batch (a minute on a CPU) is answered
     greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, shots, 1, None, answered=answered)]
     sampled = [[] for _ in mine]
     if K:

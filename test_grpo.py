@@ -2373,13 +2373,14 @@ def test_evaluation_on_several_ranks_equals_one_process(world_size, tmp_path):
     (2, 2, [7, 9, 11, 13, 14]),  # sampled 4 // 2 = 2 questions a batch
     (40, 16, [7, 12, 14])])  # rollout batch 80 rows: greedy 80 questions a batch, sampled 80 // 16 = 5
 def test_evaluation_batches(batch_prompts, K, done):
-    """evaluate's progress hears of each batch: the 7 greedy answers come in one batch (at least 64 rows), then the
-    sampled ones in batches of B*G // K questions, so the counts of questions answered are known by hand."""
+    """evaluate's progress hears of its start and of each batch: the 7 greedy answers come in one batch (at least 64
+    rows), then the sampled ones in batches of B*G // K questions, so the counts of questions answered are known by
+    hand."""
     model, tokenizer, rows, args = replay_eval_setup()
     args.batch_prompts, args.eval_samples = batch_prompts, K
     heard = []
     grpo.evaluate(model, tokenizer, rows, [0], args, progress=lambda n, total: heard.append((n, total)))
-    assert heard == [(n, 14) for n in done]
+    assert heard == [(n, 14) for n in [0] + done]  # 0 first: the bar shows the evaluation before a batch ends
 
 
 def test_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
@@ -2616,7 +2617,7 @@ def test_the_bare_command_on_this_machine(tmp_path):
                           f"{train[0]['reward_mean']:.3f}")
     assert summary[5] == f"metrics: {out}/metrics.jsonl; checkpoint: {out}/checkpoint; final model: {out} " \
                          "(from_pretrained)"
-    assert "eval 4/4 questions" in r.stderr  # the bar shows the evaluation's progress
+    assert "eval 0/4 questions" in r.stderr and "eval 4/4 questions" in r.stderr  # the evaluation's progress
 
 
 def test_the_summary_gives_the_paired_change_by_hand():
