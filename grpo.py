@@ -580,7 +580,7 @@ def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3, progr
         done[0] += n
         if progress:
             progress(done[0], total)
-    answered(0)  # the bar says an evaluation is under way before its first batch (a minute on a CPU) is answered
+    answered(0)  # the bar says an evaluation is under way before its first batch (30 s here on a CPU) is answered
     greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, shots, 1, None, answered=answered)]
     sampled = [[] for _ in mine]
     if K:
@@ -607,7 +607,7 @@ def answer(model, tokenizer, rows, eos_ids, args, shots, k, temperature, generat
     """k answers (texts) to each row's question, in batches of a rank's rollout batch of rows (fits where sampling
     does), at least one question; greedy answers in batches of at least 64: a CPU multiplies 64 rows faster than 16."""
     seqs = args.batch_prompts * args.G // rank_and_world()[1]
-    if temperature is None:  # no random numbers drawn: the batches do not change which answers come out
+    if temperature is None:  # no random numbers drawn, so the batch size cannot change which samples are drawn
         seqs = max(seqs, 64)
     batch_size = max(1, seqs // k)  # questions per batch
     answers = []
