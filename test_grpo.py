@@ -2672,3 +2672,62 @@ def test_help_shows_both_settings_values():
     text = grpo.build_parser().format_help()
     for name, value in grpo.SETTINGS["small"].items():
         assert f"(full: {grpo.SETTINGS['full'][name]}; small: {value})" in re.sub(r"\s+", " ", text), name
+
+
+# ------------------------------------------------------------------ the study's statistics (results/paired.py)
+def paired_module():
+    spec = importlib.util.spec_from_file_location("paired", os.path.join(os.path.dirname(__file__), "results",
+                                                                         "paired.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_paired_tests_by_hand():
+    paired = paired_module()
+    for df, table in [(2, 4.302653), (9, 2.262157), (19, 2.093024)]:  # Student's t table, 97.5% quantile
+        assert paired.t_quantile(0.975, df) == pytest.approx(table, abs=1e-5)
+    lo, hi = paired.t_interval([1, 2, 3, 4])  # mean 2.5, sd 1.290994, t(3) = 3.182446
+    assert (lo, hi) == pytest.approx((2.5 - 3.182446 * 1.290994 / 2, 2.5 + 3.182446 * 1.290994 / 2), abs=1e-5)
+    assert paired.sign_flip_p([1, 2, 3]) == 0.25  # of the 8 sums +-1 +-2 +-3, only +6 and -6 reach |6|
+    assert paired.sign_flip_p([1, -1]) == 1.0
+    assert paired.sign_flip_p([3, 1, 1, 1]) == 0.125  # 2 of 16
+    assert paired.sign_flip_p([2, 1, -1]) == 0.75  # |+-2 +-1 +-1| is 4, 2, 2, 0, 0, 2, 2, 4: ties count
+    assert paired.loo_range([1, 2, 3, 6]) == pytest.approx((2.0, 11 / 3))
+
+
+@pytest.mark.parametrize("lo, hi, sign, ceiling, said", [
+    (0.1, 0.3, +1, False, "reproduced"), (0.1, 0.3, -1, False, "contradicted"),
+    (-0.3, -0.1, -1, False, "reproduced"), (-0.3, -0.1, +1, False, "contradicted"),
+    (-0.1, 0.3, +1, False, "inconclusive"), (-0.1, 0.3, -1, False, "inconclusive"),
+    (-0.3, -0.1, -1, True, "inconclusive (at its ceiling)"), (0.1, 0.3, -1, True, "contradicted")])
+def test_the_verdict_rule(lo, hi, sign, ceiling, said):
+    assert paired_module().verdict(lo, hi, sign, ceiling) == said
+
+
+def test_the_claims_rows_follow_from_their_intervals():
+    paired = paired_module()
+
+    def run(kl, entropy, pass64_end):
+        train = [{"reward_mean": 0.5, "entropy": entropy, "kl": kl} for _ in range(40)]
+        start = {"step": 0, "pass@1": 0.5, "pass@16": 0.9, "pass@64": 0.995, "maj@64": 0.5}
+        return train, [start, {"step": 40, "pass@1": 0.6, "pass@16": 0.9, "pass@64": pass64_end, "maj@64": 0.6}]
+
+    runs = {"grpo": {s: run(0.1, 0.2, 0.995 - d) for s, d in enumerate([0.005, 0.004, 0.006])},
+            "reinforce": {s: run(0.1 + d, 0.2 + e, 0.995) for s, (d, e) in enumerate([(0.5, 0.1), (0.7, -0.1),
+                                                                                      (0.9, 0.3)])}}
+    rows = {r.split(" | ")[0][2:]: r for r in paired.claims(runs, "toy")}
+    half = 4.302653 * 0.2 / math.sqrt(3)  # t(2) times the sd of the KL differences 0.5, 0.7, 0.9 over sqrt(3)
+    kl = rows["REINFORCE drifts further from the reference late: KL over the last 20 steps, reinforce - grpo"]
+    assert f"KL, last 20 steps +0.700 [{0.7 - half:+.3f}, {0.7 + half:+.3f}] | reproduced |" in kl
+    assert "toy, 3 seeds" in kl
+    entropy = rows["Without a baseline the entropy falls faster: entropy, reinforce - grpo"]
+    assert entropy.endswith("+0.100 [-0.397, +0.597] | inconclusive |")
+    # grpo's pass@64 falls by 0.004-0.006 from 0.995: Yue et al.'s fall is shown, the "does not rise" of
+    # DeepSeekMath's figure cannot be, since the metric started at its ceiling.
+    assert rows["The RL model beats its base at small k and falls below it at large k"].endswith(
+        "pass@64 (start 0.995) -0.005 [-0.007, -0.003] | reproduced |")
+    assert rows["RL lifts maj@K, not pass@K"].endswith(
+        "| maj@64: reproduced; pass@16: inconclusive; pass@64: inconclusive (at its ceiling) |")
+    assert "GRPO learns faster: train reward, reinforce - grpo" in rows  # the AUC difference, 0 on every seed
+    assert not any(r.startswith("| GRPO sits below NSR") for r in rows.values())  # no negative runs

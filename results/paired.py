@@ -15,8 +15,11 @@ algorithm from its own folder (each algorithm at its own learning rate). Each pa
     python results/paired.py --setting tiny60_lr3e-4_B16_1000steps_passk \
         --md results/tiny60_lr3e-4_B16_1000steps_passk/paired.md
     python results/paired.py --setting tiny30_passk --md results/tiny30_passk/paired.md
-    python results/paired.py --setting grpo=tiny60s_lr3e-4_B16_1000steps_passk \
-        reinforce=tiny60s_lr1e-4_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk
+    python results/paired.py --setting grpo=tiny60s_lr1e-4_B16_1000steps_passk \
+        reinforce=tiny60s_lr1e-4_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk --claims tiny60s
+
+--claims NAME adds the rows of the claims table that these runs test, each part's verdict under the one rule
+(`verdict`), so that no verdict is written by hand.
 """
 import argparse
 import json
@@ -177,10 +180,108 @@ def spread(runs):
     return lines
 
 
+def verdict(lo, hi, sign, ceiling=False):
+    """The one rule of results/README.md. sign +1: the claim predicts a difference above 0; -1: below 0 (or, for a
+    claim that a metric does not rise, no rise). Reproduced where the 95% interval excludes 0 in that direction,
+    contradicted where it excludes 0 in the other, inconclusive otherwise; a metric at its ceiling at the start
+    (ceiling=True) can only fall, so it cannot confirm that it does not rise."""
+    if (lo > 0 and sign < 0) or (hi < 0 and sign > 0):
+        return "contradicted"
+    if ceiling:
+        return "inconclusive (at its ceiling)"
+    return "reproduced" if (lo > 0 and sign > 0) or (hi < 0 and sign < 0) else "inconclusive"
+
+
+# The claims of results/README.md that one setting's paired runs test: (claim, source, [(difference, metric, sign)]).
+# A difference is "a - b" between algorithms on the same seeds or "a - start" (the last eval minus step 0); the
+# sign is the direction the claim predicts; a "not rise" part at a metric that starts at 0.99 or above is flagged.
+CLAIMS = [
+    ("GRPO learns faster: train reward, reinforce - grpo", "this project's premise",
+     [("reinforce - grpo", "train reward, first quarter", -1), ("reinforce - grpo", "train reward (AUC)", -1),
+      ("reinforce - grpo", "steps to 0.8", +1)]),
+    ("GRPO ends above REINFORCE: reinforce - grpo at the last eval", "ours (the front page)",
+     [("reinforce - grpo", "pass@1", -1), ("reinforce - grpo", "pass@64", -1)]),
+    ("REINFORCE drifts further from the reference late: KL over the last 20 steps, reinforce - grpo", "ours",
+     [("reinforce - grpo", "KL, last 20 steps", +1)]),
+    ("RL lifts maj@K, not pass@K", "DeepSeekMath, Fig. 7",
+     [("grpo - start", "maj@64", +1), ("grpo - start", "pass@16", -1), ("grpo - start", "pass@64", -1)]),
+    ("The RL model beats its base at small k and falls below it at large k", "Yue et al. 2025",
+     [("grpo - start", "pass@1", +1), ("grpo - start", "pass@64", -1)]),
+    ("PSR (our `reinforce`) lifts pass@1 and lowers pass@k at large k", "Zhu et al. 2025",
+     [("reinforce - start", "pass@1", +1), ("reinforce - start", "pass@16", -1),
+      ("reinforce - start", "pass@64", -1)]),
+    ("GRPO sits above PSR at large k: reinforce - grpo", "Zhu et al. 2025",
+     [("reinforce - grpo", "pass@16", -1), ("reinforce - grpo", "pass@64", -1)]),
+    ("GRPO sits below NSR (our `negative`) at large k: negative - grpo", "Zhu et al. 2025",
+     [("negative - grpo", "pass@16", +1), ("negative - grpo", "pass@64", +1)]),
+    ("NSR keeps or lifts the whole spectrum: negative - start", "Zhu et al. 2025",
+     [("negative - start", "pass@1", +1), ("negative - start", "pass@16", +1), ("negative - start", "pass@64", +1)]),
+    ("Without a baseline the entropy falls faster: entropy, reinforce - grpo", "Xiong et al. 2025",
+     [("reinforce - grpo", "entropy, last 20 steps", -1)]),
+]
+NOT_RISE = {"RL lifts maj@K, not pass@K"}  # claims whose sign -1 parts say "does not rise", not "falls"
+
+
+def differences(runs, diff, metric):
+    """Per-seed values of one difference: 'a - b' on the seeds both algorithms have, or 'a - start'; with the mean
+    of the metric at the start (None for train metrics)."""
+    a, b = diff.split(" - ")
+    if a not in runs or (b != "start" and b not in runs):
+        return [], None
+    key = {"greedy": "acc_lenient"}.get(metric, metric)
+    seeds = sorted(set(runs[a]) if b == "start" else set(runs[a]) & set(runs[b]))
+    if key not in EVAL_COLS:
+        d = [train_numbers(runs[a][s][0])[key] - train_numbers(runs[b][s][0])[key] for s in seeds]
+        return [x for x in d if math.isfinite(x)], None
+    start = sum(runs[a][s][1][0][key] for s in seeds) / len(seeds)
+    other = (lambda s: runs[a][s][1][0][key]) if b == "start" else (lambda s: runs[b][s][1][-1][key])
+    return [runs[a][s][1][-1][key] - other(s) for s in seeds], start
+
+
+def claims(runs, setting):
+    """The claims table's rows for one setting: each part's mean [95% t-interval] and its verdict under the rule;
+    parts whose runs are missing are left out."""
+    lines = ["| claim | source | setting | our number, mean [95% t-interval] | verdict |", "|---|---|---|---|---|"]
+    for claim, source, parts in CLAIMS:
+        numbers, verdicts, ns = [], [], []
+        for diff, metric, sign in parts:
+            d, start = differences(runs, diff, metric)
+            if len(d) < 2:
+                continue
+            ns.append(len(d))
+            lo, hi = t_interval(d)
+            digits = 0 if metric == "steps to 0.8" else 3
+            f = lambda x: f"{x:+.{digits}f}"  # noqa: E731
+            at = f" (start {start:.3f})" if start is not None and diff.endswith("start") else ""
+            said_diff = "" if numbers and parts[len(numbers) - 1][0] == diff else f"{diff}: "
+            numbers.append(f"{said_diff}{metric}{at} {f(sum(d) / len(d))} [{f(lo)}, {f(hi)}]")
+            ceiling = claim in NOT_RISE and sign < 0 and start is not None and start >= 0.99
+            verdicts.append((metric, verdict(lo, hi, sign, ceiling)))
+        if not numbers:
+            continue
+        kinds = {v for _, v in verdicts}
+        said = verdicts[0][1] if len(kinds) == 1 else "; ".join(f"{m}: {v}" for m, v in verdicts)
+        seeds = f"{ns[0]} seeds" if len(set(ns)) == 1 else f"{min(ns)}-{max(ns)} seeds"
+        lines.append(f"| {claim} | {source} | {setting}, {seeds} | {'; '.join(numbers)} | {said} |")
+    seeds = sorted(set(runs.get("reinforce", {})) & set(runs.get("grpo", {})))
+    if len(seeds) >= 3:
+        import numpy as np
+        x, y = (np.array([sum(t["reward_mean"] for t in runs[a][s][0][-50:]) / 50 for s in seeds])
+                for a in ("reinforce", "grpo"))
+        idx = np.random.default_rng(0).integers(0, len(seeds), (10000, len(seeds)))
+        lo, hi = np.percentile(x[idx].std(1, ddof=1) / np.maximum(y[idx].std(1, ddof=1), 1e-12), [2.5, 97.5])
+        lines.append(f"| GRPO's runs end closer together: sd over seeds of the last-50-step train reward, reinforce / "
+                     f"grpo (an outcome's spread, not the gradient's variance) | ours | {setting}, {len(seeds)} seeds "
+                     f"| {x.std(ddof=1) / y.std(ddof=1):.1f} [{lo:.1f}, {hi:.1f}] (bootstrap over seeds) "
+                     f"| {verdict(lo - 1, hi - 1, +1)} |")
+    return lines
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--setting", nargs="+", required=True, help="FOLDER or algo=FOLDER under results/")
     p.add_argument("--md", default=None)
+    p.add_argument("--claims", default=None, metavar="NAME", help="add the claims table's rows, setting named NAME")
     a = p.parse_args()
     runs = load(a.setting)
     seeds = {algo: sorted(by_seed) for algo, by_seed in runs.items()}
@@ -190,6 +291,10 @@ def main():
               "seeds (10,000 resamples), narrower than the t-interval at 10 seeds. Leave-one-out range: the smallest "
               "and largest mean difference when one seed is dropped. Steps to 0.8: over the seeds where both "
               "reached a 0.8 train reward (10-step trailing mean)."]
+    if a.claims and runs:
+        lines += ["", "The claims these runs test, each part's verdict under the rule of results/README.md (the 95% "
+                  "t-interval excludes 0 in the predicted direction: reproduced; in the other: contradicted; else "
+                  "inconclusive):", ""] + claims(runs, a.claims)
     text = "\n".join(lines)
     if a.md:
         with open(a.md, "w") as f:

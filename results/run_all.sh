@@ -134,7 +134,7 @@ OMP_NUM_THREADS=1 $T --steps 1000 --seeds 0-19 --lr $LR_R --algos reinforce
 OMP_NUM_THREADS=1 $T --steps 1000 --seeds 0-19 --lr 3e-4 --algos negative
 S60="grpo=tiny60s_lr${LR_G}_B16_1000steps_passk reinforce=tiny60s_lr${LR_R}_B16_1000steps_passk"
 S60="$S60 negative=tiny60s_lr3e-4_B16_1000steps_passk"
-python results/paired.py --setting $S60 --md results/tiny60s_paired.md
+python results/paired.py --setting $S60 --md results/tiny60s_paired.md --claims tiny60s   # with the claims rows
 python results/horizon.py --setting $S60 --md results/tiny60s_horizon.md --png results/tiny60s_horizon.png
 
 # 5. SmolLM2-135M-Instruct on arith, the real-model confirmation: grpo and reinforce, seeds 0-2, 100 steps,
