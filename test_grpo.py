@@ -2700,7 +2700,8 @@ def test_paired_tests_by_hand():
     (0.1, 0.3, +1, False, "reproduced"), (0.1, 0.3, -1, False, "contradicted"),
     (-0.3, -0.1, -1, False, "reproduced"), (-0.3, -0.1, +1, False, "contradicted"),
     (-0.1, 0.3, +1, False, "inconclusive"), (-0.1, 0.3, -1, False, "inconclusive"),
-    (-0.3, -0.1, -1, True, "inconclusive (at its ceiling)"), (0.1, 0.3, -1, True, "contradicted")])
+    (-0.3, -0.1, -1, True, "inconclusive (at its ceiling)"), (0.1, 0.3, -1, True, "contradicted"),
+    (-0.1, 0.3, 0, False, "inconclusive (no difference detected)"), (-0.3, -0.1, 0, False, "contradicted")])
 def test_the_verdict_rule(lo, hi, sign, ceiling, said):
     assert paired_module().verdict(lo, hi, sign, ceiling) == said
 
@@ -2708,14 +2709,14 @@ def test_the_verdict_rule(lo, hi, sign, ceiling, said):
 def test_the_claims_rows_follow_from_their_intervals():
     paired = paired_module()
 
-    def run(kl, entropy, pass64_end):
-        train = [{"reward_mean": 0.5, "entropy": entropy, "kl": kl} for _ in range(40)]
+    def run(kl, entropy, pass64_end, reward=0.5):
+        train = [{"reward_mean": reward, "entropy": entropy, "kl": kl} for _ in range(40)]
         start = {"step": 0, "pass@1": 0.5, "pass@16": 0.9, "pass@64": 0.995, "maj@64": 0.5}
         return train, [start, {"step": 40, "pass@1": 0.6, "pass@16": 0.9, "pass@64": pass64_end, "maj@64": 0.6}]
 
-    runs = {"grpo": {s: run(0.1, 0.2, 0.995 - d) for s, d in enumerate([0.005, 0.004, 0.006])},
-            "reinforce": {s: run(0.1 + d, 0.2 + e, 0.995) for s, (d, e) in enumerate([(0.5, 0.1), (0.7, -0.1),
-                                                                                      (0.9, 0.3)])}}
+    runs = {"grpo": {s: run(0.1, 0.2, 0.995 - d, 0.5 + 0.01 * s) for s, d in enumerate([0.005, 0.004, 0.006])},
+            "reinforce": {s: run(0.1 + d, 0.2 + e, 0.995, 0.5 + 0.02 * s)
+                          for s, (d, e) in enumerate([(0.5, 0.1), (0.7, -0.1), (0.9, 0.3)])}}
     rows = {r.split(" | ")[0][2:]: r for r in paired.claims(runs, "toy")}
     half = 4.302653 * 0.2 / math.sqrt(3)  # t(2) times the sd of the KL differences 0.5, 0.7, 0.9 over sqrt(3)
     kl = rows["REINFORCE drifts further from the reference late: KL over the last 20 steps, reinforce - grpo"]
@@ -2729,5 +2730,11 @@ def test_the_claims_rows_follow_from_their_intervals():
         "pass@64 (start 0.995) -0.005 [-0.007, -0.003] | reproduced |")
     assert rows["RL lifts maj@K, not pass@K"].endswith(
         "| maj@64: reproduced; pass@16: inconclusive; pass@64: inconclusive (at its ceiling) |")
-    assert "GRPO learns faster: train reward, reinforce - grpo" in rows  # the AUC difference, 0 on every seed
+    # reinforce - grpo train reward 0, 0.01, 0.02 on the 3 seeds: mean 0.01, sd 0.01; its spread over seeds is twice
+    # grpo's, and a resample that draws one seed 3 times (3 of 27) gives 0 / 0, counted as 0
+    assert rows["GRPO learns faster: train reward, reinforce - grpo"].endswith(
+        f"train reward (AUC) +0.010 [{0.01 - 4.302653 * 0.01 / math.sqrt(3):+.3f}, "
+        f"{0.01 + 4.302653 * 0.01 / math.sqrt(3):+.3f}] | inconclusive |")
+    assert [r for r in rows.values() if r.startswith("| GRPO's runs end closer")][0].endswith(
+        "| 2.0 [0.0, 2.0] (bootstrap over seeds) | inconclusive |")
     assert not any(r.startswith("| GRPO sits below NSR") for r in rows.values())  # no negative runs

@@ -182,9 +182,12 @@ def spread(runs):
 
 def verdict(lo, hi, sign, ceiling=False):
     """The one rule of results/README.md. sign +1: the claim predicts a difference above 0; -1: below 0 (or, for a
-    claim that a metric does not rise, no rise). Reproduced where the 95% interval excludes 0 in that direction,
-    contradicted where it excludes 0 in the other, inconclusive otherwise; a metric at its ceiling at the start
-    (ceiling=True) can only fall, so it cannot confirm that it does not rise."""
+    claim that a metric does not rise, no rise); 0: no difference. Reproduced where the 95% interval excludes 0 in
+    that direction, contradicted where it excludes 0 in the other, inconclusive otherwise; a metric at its ceiling at
+    the start (ceiling=True) can only fall, so it cannot confirm that it does not rise. An interval can show a
+    difference but never its absence: a claim of none is contradicted or inconclusive, never reproduced."""
+    if sign == 0:
+        return "contradicted" if lo > 0 or hi < 0 else "inconclusive (no difference detected)"
     if (lo > 0 and sign < 0) or (hi < 0 and sign > 0):
         return "contradicted"
     if ceiling:
@@ -193,14 +196,17 @@ def verdict(lo, hi, sign, ceiling=False):
 
 
 # The claims of results/README.md that one setting's paired runs test: (claim, source, [(difference, metric, sign)]).
-# A difference is "a - b" between algorithms on the same seeds or "a - start" (the last eval minus step 0); the
-# sign is the direction the claim predicts; a "not rise" part at a metric that starts at 0.99 or above is flagged.
+# A difference is "a - b" between algorithms on the same seeds, "a - start" (the last eval minus step 0) or "a / b" (the
+# ratio of the seed-to-seed spreads); the sign is the direction the claim predicts (0: no difference); a "not rise"
+# part at a metric that starts at 0.99 or above cannot be confirmed.
 CLAIMS = [
     ("GRPO learns faster: train reward, reinforce - grpo", "this project's premise",
      [("reinforce - grpo", "train reward, first quarter", -1), ("reinforce - grpo", "train reward (AUC)", -1),
       ("reinforce - grpo", "steps to 0.8", +1)]),
     ("GRPO ends above REINFORCE: reinforce - grpo at the last eval", "ours (the front page)",
      [("reinforce - grpo", "pass@1", -1), ("reinforce - grpo", "pass@64", -1)]),
+    ("GRPO's runs end closer together: sd over seeds of the last-50-step train reward, reinforce / grpo (an "
+     "outcome's spread, not the gradient's variance)", "ours", [("reinforce / grpo", "sd ratio", +1)]),
     ("REINFORCE drifts further from the reference late: KL over the last 20 steps, reinforce - grpo", "ours",
      [("reinforce - grpo", "KL, last 20 steps", +1)]),
     ("RL lifts maj@K, not pass@K", "DeepSeekMath, Fig. 7",
@@ -218,6 +224,10 @@ CLAIMS = [
      [("negative - start", "pass@1", +1), ("negative - start", "pass@16", +1), ("negative - start", "pass@64", +1)]),
     ("Without a baseline the entropy falls faster: entropy, reinforce - grpo", "Xiong et al. 2025",
      [("reinforce - grpo", "entropy, last 20 steps", -1)]),
+    ("The std division is not what matters (GRPO's edge is not the normalization): drgrpo_seq - grpo",
+     "Xiong et al. 2025",
+     [("drgrpo_seq - grpo", "train reward (AUC)", 0), ("drgrpo_seq - grpo", "pass@1", 0),
+      ("drgrpo_seq - grpo", "pass@64", 0)]),
 ]
 NOT_RISE = {"RL lifts maj@K, not pass@K"}  # claims whose sign -1 parts say "does not rise", not "falls"
 
@@ -238,42 +248,51 @@ def differences(runs, diff, metric):
     return [runs[a][s][1][-1][key] - other(s) for s in seeds], start
 
 
+def spread_ratio(runs, a, b):
+    """sd over seeds of the last-50-step train reward, a / b, with a 95% bootstrap interval over seeds (the same
+    resampled seeds for both)."""
+    import numpy as np
+    seeds = sorted(set(runs[a]) & set(runs[b]))
+    x, y = (np.array([sum(t["reward_mean"] for t in runs[algo][s][0][-50:]) / 50 for s in seeds]) for algo in (a, b))
+    idx = np.random.default_rng(0).integers(0, len(seeds), (10000, len(seeds)))
+    lo, hi = np.percentile(x[idx].std(1, ddof=1) / np.maximum(y[idx].std(1, ddof=1), 1e-12), [2.5, 97.5])
+    return len(seeds), x.std(ddof=1) / y.std(ddof=1), lo, hi
+
+
 def claims(runs, setting):
-    """The claims table's rows for one setting: each part's mean [95% t-interval] and its verdict under the rule;
-    parts whose runs are missing are left out."""
+    """The claims table's rows for one setting: each part's mean [95% t-interval] (for the spread, a ratio with its
+    bootstrap interval) and its verdict under the rule; parts whose runs are missing are left out."""
     lines = ["| claim | source | setting | our number, mean [95% t-interval] | verdict |", "|---|---|---|---|---|"]
     for claim, source, parts in CLAIMS:
-        numbers, verdicts, ns = [], [], []
+        numbers, verdicts, ns, last = [], [], [], None
         for diff, metric, sign in parts:
-            d, start = differences(runs, diff, metric)
-            if len(d) < 2:
+            a, b = diff.split(" / ") if " / " in diff else diff.split(" - ")
+            if a not in runs or (b != "start" and b not in runs):
                 continue
-            ns.append(len(d))
-            lo, hi = t_interval(d)
-            digits = 0 if metric == "steps to 0.8" else 3
-            f = lambda x: f"{x:+.{digits}f}"  # noqa: E731
-            at = f" (start {start:.3f})" if start is not None and diff.endswith("start") else ""
-            said_diff = "" if numbers and parts[len(numbers) - 1][0] == diff else f"{diff}: "
-            numbers.append(f"{said_diff}{metric}{at} {f(sum(d) / len(d))} [{f(lo)}, {f(hi)}]")
-            ceiling = claim in NOT_RISE and sign < 0 and start is not None and start >= 0.99
-            verdicts.append((metric, verdict(lo, hi, sign, ceiling)))
-        if not numbers:
-            continue
-        kinds = {v for _, v in verdicts}
-        said = verdicts[0][1] if len(kinds) == 1 else "; ".join(f"{m}: {v}" for m, v in verdicts)
-        seeds = f"{ns[0]} seeds" if len(set(ns)) == 1 else f"{min(ns)}-{max(ns)} seeds"
-        lines.append(f"| {claim} | {source} | {setting}, {seeds} | {'; '.join(numbers)} | {said} |")
-    seeds = sorted(set(runs.get("reinforce", {})) & set(runs.get("grpo", {})))
-    if len(seeds) >= 3:
-        import numpy as np
-        x, y = (np.array([sum(t["reward_mean"] for t in runs[a][s][0][-50:]) / 50 for s in seeds])
-                for a in ("reinforce", "grpo"))
-        idx = np.random.default_rng(0).integers(0, len(seeds), (10000, len(seeds)))
-        lo, hi = np.percentile(x[idx].std(1, ddof=1) / np.maximum(y[idx].std(1, ddof=1), 1e-12), [2.5, 97.5])
-        lines.append(f"| GRPO's runs end closer together: sd over seeds of the last-50-step train reward, reinforce / "
-                     f"grpo (an outcome's spread, not the gradient's variance) | ours | {setting}, {len(seeds)} seeds "
-                     f"| {x.std(ddof=1) / y.std(ddof=1):.1f} [{lo:.1f}, {hi:.1f}] (bootstrap over seeds) "
-                     f"| {verdict(lo - 1, hi - 1, +1)} |")
+            if " / " in diff:
+                n, ratio, lo, hi = spread_ratio(runs, a, b)
+                if n < 3:
+                    continue
+                text, said = f"{ratio:.1f} [{lo:.1f}, {hi:.1f}] (bootstrap over seeds)", verdict(lo - 1, hi - 1, sign)
+            else:
+                d, start = differences(runs, diff, metric)
+                n = len(d)
+                if n < 2:
+                    continue
+                lo, hi = t_interval(d)
+                f = (lambda x: f"{x:+.0f}") if metric == "steps to 0.8" else (lambda x: f"{x:+.3f}")
+                at = f" (start {start:.3f})" if b == "start" else ""
+                text = f"{metric}{at} {f(sum(d) / n)} [{f(lo)}, {f(hi)}]"
+                said = verdict(lo, hi, sign, claim in NOT_RISE and sign < 0 and b == "start" and start >= 0.99)
+                text = text if diff == last else f"{diff}: {text}"
+            numbers.append(text)
+            verdicts.append((metric, said))
+            ns.append(n)
+            last = diff
+        if numbers:
+            said = verdicts[0][1] if len({v for _, v in verdicts}) == 1 else "; ".join(f"{m}: {v}" for m, v in verdicts)
+            seeds = f"{ns[0]} seeds" if len(set(ns)) == 1 else f"{min(ns)}-{max(ns)} seeds"
+            lines.append(f"| {claim} | {source} | {setting}, {seeds} | {'; '.join(numbers)} | {said} |")
     return lines
 
 

@@ -93,7 +93,7 @@ done
 OMP_NUM_THREADS=1 python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
   --algos grpo reinforce drgrpo_seq negative --eval-samples 64
 python results/passk.py --md results/tiny30_passk/passk.md --png results/tiny30_passk/passk.png
-python results/paired.py --setting tiny30_passk --md results/tiny30_passk/paired.md   # t-interval, sign-flip test
+python results/paired.py --setting tiny30_passk --md results/tiny30_passk/paired.md --claims "tiny30, 300 steps"  # and its claims rows
 
 # 4e. A horizon where learning finishes. The sweep, seed 0, 64 answers per held-out question at
 #     T = 1.0 at 0, 25, 50, 75 and 100% of each run (lr 1e-3 was run for grpo only: it collapsed; tiny45 and tiny60
@@ -116,7 +116,7 @@ python results/horizon.py --setting tiny60_lr3e-4_B16_1000steps_passk \
 python results/seeds.py summarize --setting tiny60_lr3e-4_B16_1000steps_passk \
   --md results/tiny60_lr3e-4_B16_1000steps_passk/seeds.md
 python results/paired.py --setting tiny60_lr3e-4_B16_1000steps_passk \
-  --md results/tiny60_lr3e-4_B16_1000steps_passk/paired.md
+  --md results/tiny60_lr3e-4_B16_1000steps_passk/paired.md --claims "tiny60¹, 1000 steps"
 
 # 4f. The horizon rerun from the stored ckpt60 (policy name tiny60s), each algorithm at its own learning rate. The sweep:
 #     grpo and reinforce at lr 1e-4, 3e-4 and 1e-3, seeds 0-2, 500 steps; pick_lr.py applies the rule fixed before
@@ -134,7 +134,7 @@ OMP_NUM_THREADS=1 $T --steps 1000 --seeds 0-19 --lr $LR_R --algos reinforce
 OMP_NUM_THREADS=1 $T --steps 1000 --seeds 0-19 --lr 3e-4 --algos negative
 S60="grpo=tiny60s_lr${LR_G}_B16_1000steps_passk reinforce=tiny60s_lr${LR_R}_B16_1000steps_passk"
 S60="$S60 negative=tiny60s_lr3e-4_B16_1000steps_passk"
-python results/paired.py --setting $S60 --md results/tiny60s_paired.md --claims tiny60s   # with the claims rows
+python results/paired.py --setting $S60 --md results/tiny60s_paired.md --claims "tiny60s, 1000 steps"  # with the claims rows
 python results/horizon.py --setting $S60 --md results/tiny60s_horizon.md --png results/tiny60s_horizon.png
 
 # 5. SmolLM2-135M-Instruct on arith, the real-model confirmation: grpo and reinforce, seeds 0-2, 100 steps,
