@@ -66,13 +66,39 @@ def end_minus_start(by_seed, ks):
     return [[ev[-1][f"pass@{k}"] - ev[0][f"pass@{k}"] for k in ks] for _, ev in by_seed.values()]
 
 
+def summary(runs, S):
+    """One row per algorithm, the numbers results/README.md puts in one table: steps to 0.8, the train reward of the
+    first and last quarter and of the last 50 steps (with its sd over seeds), KL and entropy of the last 20 steps,
+    and the spectrum at the last eval; mean [95% bootstrap CI] over seeds."""
+    import statistics
+    from seeds import fmt_steps
+    cols = ["pass@1", "pass@16", "pass@64", "maj@64"]
+    lines = ["The runs at a glance, mean [95% CI] over seeds (steps to 0.8: seeds that reached it, their mean [CI]):",
+             "", f"| algo | steps to 0.8 | train reward, steps 1-{S // 4} | steps {3 * S // 4 + 1}-{S} | last 50 "
+             f"steps (sd over seeds) | KL, last 20 steps | entropy, last 20 steps | "
+             + " | ".join(f"{c}, step {S}" for c in cols) + " |", "|---" * 11 + "|"]
+    first = next(iter(runs.values()))
+    lines.append("| start | - | - | - | - | - | - | " + " | ".join(
+        f"{sum(ev[0][c] for _, ev in first.values()) / len(first):.3f}" for c in cols) + " |")
+    for algo, by_seed in runs.items():
+        q = [quarters(tr) for tr, _ in by_seed.values()]
+        last50 = [sum(rew(tr)[-50:]) / 50 for tr, _ in by_seed.values()]
+        last20 = lambda key: [sum(x[key] for x in tr[-20:]) / 20 for tr, _ in by_seed.values()]  # noqa: E731
+        lines.append(f"| {algo} | {fmt_steps([steps_to(rew(tr), 0.8) for tr, _ in by_seed.values()])} | "
+                     f"{ci([x[0] for x in q])} | {ci([x[3] for x in q])} | {ci(last50)} "
+                     f"({statistics.stdev(last50):.3f}) | {ci(last20('kl'))} | {ci(last20('entropy'))} | "
+                     + " | ".join(ci([ev[-1][c] for _, ev in by_seed.values()]) for c in cols) + " |")
+    return lines + [""]
+
+
 def tables(runs):
     seeds = list(next(iter(runs.values())))
     steps = [e["step"] for e in next(iter(runs.values()))[seeds[0]][1]]
     S = steps[-1]
-    lines = ["Train reward per quarter of the run (mean over the quarter's steps), mean [95% CI] over seeds:", "",
-             "| algo | " + " | ".join(f"steps {i * S // 4 + 1}-{(i + 1) * S // 4}" for i in range(4))
-             + " | entropy, last 20 steps |", "|---|" + "---|" * 5]
+    lines = summary(runs, S) + [
+        "Train reward per quarter of the run (mean over the quarter's steps), mean [95% CI] over seeds:", "",
+        "| algo | " + " | ".join(f"steps {i * S // 4 + 1}-{(i + 1) * S // 4}" for i in range(4))
+        + " | entropy, last 20 steps |", "|---|" + "---|" * 5]
     for algo, by_seed in runs.items():
         q = [quarters(tr) for tr, _ in by_seed.values()]
         ent = [sum(x["entropy"] for x in tr[-20:]) / 20 for tr, _ in by_seed.values()]
