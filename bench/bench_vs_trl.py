@@ -23,7 +23,7 @@ And each run splits its step into parts: sampling, the reference forward, the Ad
 
 Before the runs, one more child measures this machine's floors (bench/floors.py; --no-machine skips it):
 reading every weight once, a 1024x576 @ 576x1536 matmul, and one decode step of grpo.generate for the preset's
-B*G rows, each in fp32 and in bf16. The tables end with the issue's targets: ours-bf16 / before <= 0.5 and
+B*G rows, each in fp32 and in bf16. The tables end with the speed targets: ours-bf16 / before <= 0.5 and
 ours / TRL at the same dtype <= 0.6 (s/step), peak RSS / TRL at the same dtype <= 1.0, decode step / weight
 read <= 2.5 per dtype. All are ratios of medians; the other tables also give min-max.
 
@@ -69,7 +69,7 @@ IMPLS = {  # name: (family, compute dtype); the module docstring says what each 
     "trl": ("trl", "float32"), "trl-bf16": ("trl", "bfloat16"),
     "floor": ("floor", "float32"), "floor-bf16": ("floor", "bfloat16"),
 }
-BEFORE = "e7b32a3"  # main before the --dtype work (issue 11)
+BEFORE = "e7b32a3"  # main before the --dtype work
 LABELS = {"before": "grpo.py at {before}", "ours": "grpo.py --dtype float32", "ours-bf16": "grpo.py --dtype bfloat16",
           "trl": "TRL GRPOTrainer", "trl-bf16": "TRL GRPOTrainer, bf16=True", "floor": "plain transformers",
           "floor-bf16": "plain transformers, bf16 autocast"}

@@ -9,7 +9,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(1, ROOT)  # grpo.py and test_grpo.py; index 0 stays the running script's folder
 
-PRESETS = {  # the two settings
+PRESETS = {  # the two benchmark settings
     "tiny": {"batch_prompts": 1, "G": 8, "new_tokens": 32},
     "smollm2": {"batch_prompts": 2, "G": 8, "new_tokens": 64},
 }

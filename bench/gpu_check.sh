@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The first GPU run (issue 11), one command, under 8 minutes on one GPU, offline, without `datasets`:
+# The first GPU run, one command, under 8 minutes on one GPU, offline, without `datasets`:
 #   1. the device tests: GRPO_TEST_DEVICE=cuda python -m pytest -q test_grpo.py -k on_device
 #   2. 10 GRPO steps (B=4, G=8, 256 new tokens, --dtype auto) of a randomly initialised model of
 #      Qwen2.5-0.5B-Instruct's shape on GSM8K (bench/gpu_check.py): s/step, sampling share, peak GPU memory,

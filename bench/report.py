@@ -1,9 +1,9 @@
 """The tables bench_vs_trl.py prints and writes: step times with ratios, the step's parts, this machine's
-floors, and the issue's targets. Every number is a median; (a-b) is the min-max of the same samples."""
+floors, and the speed targets. Every number is a median; (a-b) is the min-max of the same samples."""
 
 import statistics
 
-TARGETS = {  # issue 11: (numerator run, denominator run) -> the most the ratio may be
+TARGETS = {  # the speed targets of the --dtype work: (numerator run, denominator run) -> the most the ratio may be
     "step": [("ours-bf16", "before", 0.5), ("ours", "trl", 0.6), ("ours-bf16", "trl-bf16", 0.6)],
     "peak_rss": [("ours", "trl", 1.0), ("ours-bf16", "trl-bf16", 1.0)],
     "decode_per_read": 2.5,
@@ -93,7 +93,7 @@ def floors_table(machine, model):
 
 
 def targets_table(results, machine):
-    """Each of the issue's targets that this run measured: the ratio of medians, the goal, met or not."""
+    """Each of the speed targets that this run measured: the ratio of medians, the goal, met or not."""
     rows = []
     for key, what in (("step", "s/step"), ("peak_rss", "peak RSS")):
         for a, b, goal in TARGETS[key]:
