@@ -51,14 +51,11 @@ def rew(train):
     return [x["reward_mean"] for x in train]
 
 
-def sd_ratio(x, y, n=10000, seed=0):
-    """'sd(x) / sd(y) | ratio [95% CI]' over paired per-seed values, resampling seeds."""
-    import numpy as np
-    x, y = np.asarray(x), np.asarray(y)
-    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
-    boots = x[idx].std(1, ddof=1) / np.maximum(y[idx].std(1, ddof=1), 1e-12)
-    lo, hi = np.percentile(boots, [2.5, 97.5])
-    return f"{x.std(ddof=1):.3f} / {y.std(ddof=1):.3f} | {x.std(ddof=1) / y.std(ddof=1):.1f} [{lo:.1f}, {hi:.1f}]"
+def sd_ratio(x, y):
+    """'sd(x) / sd(y) | ratio [95% CI]' over paired per-seed values, resampling seeds (paired.sd_ratio_ci)."""
+    import statistics
+    ratio, lo, hi = paired.sd_ratio_ci(x, y)
+    return f"{statistics.stdev(x):.3f} / {statistics.stdev(y):.3f} | {ratio:.1f} [{lo:.1f}, {hi:.1f}]"
 
 
 def end_minus_start(by_seed, ks):
@@ -72,6 +69,7 @@ def summary(runs, S):
     and the spectrum at the last eval; mean [95% bootstrap CI] over seeds."""
     import statistics
     from seeds import fmt_steps
+    numbers = {algo: [paired.train_numbers(tr) for tr, _ in by_seed.values()] for algo, by_seed in runs.items()}
     cols = ["pass@1", "pass@16", "pass@64", "maj@64"]
     lines = ["The runs at a glance, mean [95% CI] over seeds (steps to 0.8: seeds that reached it, their mean [CI]):",
              "", f"| algo | steps to 0.8 | train reward, steps 1-{S // 4} | steps {3 * S // 4 + 1}-{S} | last 50 "
@@ -81,12 +79,11 @@ def summary(runs, S):
     lines.append("| start | - | - | - | - | - | - | " + " | ".join(
         f"{sum(ev[0][c] for _, ev in first.values()) / len(first):.3f}" for c in cols) + " |")
     for algo, by_seed in runs.items():
-        q = [quarters(tr) for tr, _ in by_seed.values()]
+        get = lambda key: [x[key] for x in numbers[algo]]  # noqa: E731
         last50 = [sum(rew(tr)[-50:]) / 50 for tr, _ in by_seed.values()]
-        last20 = lambda key: [sum(x[key] for x in tr[-20:]) / 20 for tr, _ in by_seed.values()]  # noqa: E731
-        lines.append(f"| {algo} | {fmt_steps([steps_to(rew(tr), 0.8) for tr, _ in by_seed.values()])} | "
-                     f"{ci([x[0] for x in q])} | {ci([x[3] for x in q])} | {ci(last50)} "
-                     f"({statistics.stdev(last50):.3f}) | {ci(last20('kl'))} | {ci(last20('entropy'))} | "
+        lines.append(f"| {algo} | {fmt_steps(get('steps to 0.8'))} | {ci(get('train reward, first quarter'))} | "
+                     f"{ci(get('train reward, last quarter'))} | {ci(last50)} ({statistics.stdev(last50):.3f}) | "
+                     f"{ci(get('KL, last 20 steps'))} | {ci(get('entropy, last 20 steps'))} | "
                      + " | ".join(ci([ev[-1][c] for _, ev in by_seed.values()]) for c in cols) + " |")
     return lines + [""]
 

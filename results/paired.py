@@ -246,15 +246,21 @@ def differences(runs, diff, metric):
     return [runs[a][s][1][-1][key] - other(s) for s in seeds], start
 
 
-def spread_ratio(runs, a, b):
-    """sd over seeds of the last-50-step train reward, a / b, with a 95% bootstrap interval over seeds (the same
-    resampled seeds for both)."""
+def sd_ratio_ci(x, y, n=10000, seed=0):
+    """sd(x) / sd(y) over paired per-seed values, with a 95% percentile bootstrap interval that resamples seeds (the
+    same resampled seeds for both)."""
     import numpy as np
-    seeds = sorted(set(runs[a]) & set(runs[b]))
-    x, y = (np.array([sum(t["reward_mean"] for t in runs[algo][s][0][-50:]) / 50 for s in seeds]) for algo in (a, b))
-    idx = np.random.default_rng(0).integers(0, len(seeds), (10000, len(seeds)))
+    x, y = np.asarray(x), np.asarray(y)
+    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
     lo, hi = np.percentile(x[idx].std(1, ddof=1) / np.maximum(y[idx].std(1, ddof=1), 1e-12), [2.5, 97.5])
-    return len(seeds), x.std(ddof=1) / y.std(ddof=1), lo, hi
+    return x.std(ddof=1) / y.std(ddof=1), lo, hi
+
+
+def spread_ratio(runs, a, b):
+    """The number of seeds, and sd over seeds of the last-50-step train reward, a / b, with its interval."""
+    seeds = sorted(set(runs[a]) & set(runs[b]))
+    x, y = ([sum(t["reward_mean"] for t in runs[algo][s][0][-50:]) / 50 for s in seeds] for algo in (a, b))
+    return len(seeds), *sd_ratio_ci(x, y)
 
 
 def claims(runs, setting):
