@@ -2738,3 +2738,35 @@ def test_the_claims_rows_follow_from_their_intervals():
     assert [r for r in rows.values() if r.startswith("| GRPO's runs end closer")][0].endswith(
         "| 2.0 [0.0, 2.0] (bootstrap over seeds) | inconclusive |")
     assert not any(r.startswith("| GRPO sits below NSR") for r in rows.values())  # no negative runs
+
+
+def test_horizon_pairs_each_difference_over_the_seeds_both_algorithms_have():
+    spec = importlib.util.spec_from_file_location("horizon", os.path.join(os.path.dirname(__file__), "results",
+                                                                          "horizon.py"))
+    horizon = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(horizon)
+    cols = {"pass@1": 0.5, "pass@4": 0.7, "pass@16": 0.9, "pass@64": 0.95, "maj@64": 0.5, "acc_lenient": 0.5}
+
+    def run(reward, start):
+        train = [{"reward_mean": reward, "entropy": 0.1, "kl": 0.01} for _ in range(100)]
+        return train, [{"step": 0, **{c: v + start for c, v in cols.items()}},
+                       {"step": 100, **{c: v + reward for c, v in cols.items()}}]
+
+    # grpo has seeds 0-2, negative only 0 and 1; seed 2 of grpo is far off, so a difference that took it in, or a
+    # grpo row that left it out, would show
+    runs = {"grpo": {0: run(0.1, 0.00), 1: run(0.2, 0.02), 2: run(0.9, 0.04)},
+            "negative": {0: run(0.4, 0.00), 1: run(0.3, 0.02)}}
+    lines = horizon.tables(runs)
+    row = lambda first: next(x for x in lines if x.startswith(first))  # noqa: E731
+    assert row("| start | 3 |").endswith(f"| {0.52:.3f} | {0.92:.3f} | {0.97:.3f} | {0.52:.3f} |")
+    assert row("| grpo | 3 |").split(" | ")[3].startswith(f"{(0.1 + 0.2 + 0.9) / 3:.3f} [")
+    assert row("| negative | 2 |").split(" | ")[3].startswith(f"{0.35:.3f} [")
+    # negative - grpo, train reward in every quarter: (0.4 - 0.1 + 0.3 - 0.2) / 2 = +0.2, ahead on 2 of 2 seeds
+    quarters = row("| negative - grpo | +")
+    assert quarters.count("+0.200 [") == 4 and quarters.endswith("| 2/2 |")
+    # at step 100, Δ pass@1 against grpo on seeds 0 and 1 alone: +0.3 and +0.1
+    assert row("| negative - grpo | 100 |").split(" | ")[2].startswith("+0.200 [")
+    # spread: sd over seeds 0 and 1 of the last-50-step reward, 0.4 / 0.3 against 0.1 / 0.2: equal, ratio 1 (with
+    # grpo's seed 2 in, its sd would be 0.43)
+    assert row("| negative / grpo |").startswith(f"| negative / grpo | {0.1 / math.sqrt(2):.3f} / "
+                                                 f"{0.1 / math.sqrt(2):.3f} | 1.0 [")

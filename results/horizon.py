@@ -12,12 +12,12 @@ each seed has its own 200 questions, not resampled within a seed. Steps to 0.5 a
 `seeds.py summarize` on the same setting.
 
 Usage:
-    python results/horizon.py --setting tiny60_lr3e-4_B16_1000steps_passk --md OUT.md --png OUT.png
     python results/horizon.py --setting grpo=tiny60s_lr1e-4_B16_1000steps_passk \
-      reinforce=tiny60s_lr1e-4_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk --md OUT.md
+      reinforce=tiny60s_lr1e-4_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk --md OUT.md --png OUT.png
     python results/horizon.py --sweep --setting tiny30_lr3e-4_B16_500steps_passk tiny30_lr1e-3_B16_500steps_passk
 """
 import argparse
+import json
 import os
 import sys
 
@@ -34,11 +34,19 @@ PAIRS = [("reinforce", "grpo"), ("negative", "grpo"), ("negative", "reinforce")]
 
 
 def load(specs):
-    """{algo: {seed: (train lines, eval lines)}} from specs 'FOLDER' or 'algo=FOLDER' (as paired.py reads them),
-    keeping only the seeds every algorithm has; paired.load checks that each seed's step-0 evals are one draw."""
-    runs = paired.load(specs)
-    common = set.intersection(*(set(by_seed) for by_seed in runs.values()))
-    return {a: {s: by_seed[s] for s in sorted(common)} for a, by_seed in runs.items()}
+    """{algo: {seed: (train lines, eval lines)}} from specs 'FOLDER' or 'algo=FOLDER' (as paired.py reads them), each
+    algorithm with every seed it has; paired.load checks that each seed's step-0 evals are one draw."""
+    return {a: dict(sorted(by_seed.items())) for a, by_seed in paired.load(specs).items()}
+
+
+def common(runs, a, b):
+    """The seeds both algorithms have: a paired difference is taken over these."""
+    return sorted(set(runs[a]) & set(runs[b]))
+
+
+def starts(runs):
+    """{seed: step-0 eval} over every seed of every algorithm (one draw per seed, as load checks)."""
+    return {s: ev[0] for by_seed in runs.values() for s, (_, ev) in sorted(by_seed.items())}
 
 
 def quarters(train, key="reward_mean"):
@@ -72,16 +80,17 @@ def summary(runs, S):
     numbers = {algo: [paired.train_numbers(tr) for tr, _ in by_seed.values()] for algo, by_seed in runs.items()}
     cols = ["pass@1", "pass@16", "pass@64", "maj@64"]
     lines = ["The runs at a glance, mean [95% CI] over seeds (steps to 0.8: seeds that reached it, their mean [CI]):",
-             "", f"| algo | steps to 0.8 | train reward, steps 1-{S // 4} | steps {3 * S // 4 + 1}-{S} | last 50 "
-             f"steps (sd over seeds) | KL, last 20 steps | entropy, last 20 steps | "
-             + " | ".join(f"{c}, step {S}" for c in cols) + " |", "|---" * 11 + "|"]
-    first = next(iter(runs.values()))
-    lines.append("| start | - | - | - | - | - | - | " + " | ".join(
-        f"{sum(ev[0][c] for _, ev in first.values()) / len(first):.3f}" for c in cols) + " |")
+             "", f"| algo | seeds | steps to 0.8 | train reward, steps 1-{S // 4} | steps {3 * S // 4 + 1}-{S} | "
+             f"last 50 steps (sd over seeds) | KL, last 20 steps | entropy, last 20 steps | "
+             + " | ".join(f"{c}, step {S}" for c in cols) + " |", "|---" * 12 + "|"]
+    start = starts(runs)
+    lines.append(f"| start | {len(start)} | - | - | - | - | - | - | " + " | ".join(
+        f"{sum(ev[c] for ev in start.values()) / len(start):.3f}" for c in cols) + " |")
     for algo, by_seed in runs.items():
         get = lambda key: [x[key] for x in numbers[algo]]  # noqa: E731
         last50 = [sum(rew(tr)[-50:]) / 50 for tr, _ in by_seed.values()]
-        lines.append(f"| {algo} | {fmt_steps(get('steps to 0.8'))} | {ci(get('train reward, first quarter'))} | "
+        lines.append(f"| {algo} | {len(by_seed)} | {fmt_steps(get('steps to 0.8'))} | "
+                     f"{ci(get('train reward, first quarter'))} | "
                      f"{ci(get('train reward, last quarter'))} | {ci(last50)} ({statistics.stdev(last50):.3f}) | "
                      f"{ci(get('KL, last 20 steps'))} | {ci(get('entropy, last 20 steps'))} | "
                      + " | ".join(ci([ev[-1][c] for _, ev in by_seed.values()]) for c in cols) + " |")
@@ -89,8 +98,7 @@ def summary(runs, S):
 
 
 def tables(runs):
-    seeds = list(next(iter(runs.values())))
-    steps = [e["step"] for e in next(iter(runs.values()))[seeds[0]][1]]
+    steps = [e["step"] for e in next(iter(next(iter(runs.values())).values()))[1]]
     S = steps[-1]
     lines = summary(runs, S) + [
         "Train reward per quarter of the run (mean over the quarter's steps), mean [95% CI] over seeds:", "",
@@ -105,10 +113,10 @@ def tables(runs):
               + " | seeds ahead in the last quarter |", "|---|" + "---|" * 5]
     for a, b in PAIRS:
         if a in runs and b in runs:
-            d = [[x - y for x, y in zip(quarters(runs[a][s][0]), quarters(runs[b][s][0]))] for s in seeds]
+            d = [[x - y for x, y in zip(quarters(runs[a][s][0]), quarters(runs[b][s][0]))] for s in common(runs, a, b)]
             ahead = sum(x[3] > 0 for x in d)
             lines.append(f"| {a} - {b} | " + " | ".join(ci([x[i] for x in d], sign=True) for i in range(4))
-                         + f" | {ahead}/{len(seeds)} |")
+                         + f" | {ahead}/{len(d)} |")
     spans = [f"steps {i * S // 4 + 1}-{(i + 1) * S // 4}" for i in range(4)]
     lines += ["", "Entropy (nats per sampled token) per quarter of the run, mean [95% CI] over seeds; paired "
               "differences below:", "", "| algo | " + " | ".join(spans) + " |", "|---|" + "---|" * 4]
@@ -118,32 +126,32 @@ def tables(runs):
     for a, b in PAIRS:
         if a in runs and b in runs:
             d = [[x - y for x, y in zip(quarters(runs[a][s][0], "entropy"), quarters(runs[b][s][0], "entropy"))]
-                 for s in seeds]
+                 for s in common(runs, a, b)]
             lines.append(f"| {a} - {b} | " + " | ".join(ci([x[i] for x in d], sign=True) for i in range(4)) + " |")
     lines += ["", "Steps to a train reward of 0.8 (10-step trailing mean), paired by seed over the seeds where both "
               "reached it:", "", "| difference | seeds | Δ steps to 0.8 | seeds where the first is sooner |",
               "|---|---|---|---|"]
     for a, b in PAIRS:
         if a in runs and b in runs:
-            hit = [(steps_to(rew(runs[a][s][0]), 0.8), steps_to(rew(runs[b][s][0]), 0.8)) for s in seeds]
+            hit = [(steps_to(rew(runs[a][s][0]), 0.8), steps_to(rew(runs[b][s][0]), 0.8)) for s in common(runs, a, b)]
             d = [x - y for x, y in hit if max(x, y) < float("inf")]
             cell = ci(d, digits=0, sign=True) if d else "-"
-            lines.append(f"| {a} - {b} | {len(d)}/{len(seeds)} | {cell} | {sum(x < 0 for x in d)}/{len(d)} |")
+            lines.append(f"| {a} - {b} | {len(d)}/{len(hit)} | {cell} | {sum(x < 0 for x in d)}/{len(d)} |")
     lines += ["", "Spread over seeds (the seed-to-seed variance of a whole run): standard deviation over seeds of the "
               "mean train reward of the last 50 steps and of pass@1 at the last eval; the ratio with a 95% bootstrap "
-              "CI that resamples seeds (the same seeds for both algorithms):", "",
+              "CI that resamples seeds (the seeds both algorithms have):", "",
               "| algos | sd of reward, last 50 steps | ratio | sd of pass@1, last eval | ratio |", "|---" * 5 + "|"]
-    last50 = {a: [sum(rew(tr)[-50:]) / 50 for tr, _ in by_seed.values()] for a, by_seed in runs.items()}
-    final = {a: [ev[-1]["pass@1"] for _, ev in by_seed.values()] for a, by_seed in runs.items()}
+    last50 = {a: {s: sum(rew(tr)[-50:]) / 50 for s, (tr, _) in by_seed.items()} for a, by_seed in runs.items()}
+    final = {a: {s: ev[-1]["pass@1"] for s, (_, ev) in by_seed.items()} for a, by_seed in runs.items()}
     for a, b in PAIRS:
         if a in runs and b in runs:
-            cells = [f"{sd_ratio(x[a], x[b])}" for x in (last50, final)]
+            both = common(runs, a, b)
+            cells = [f"{sd_ratio([x[a][s] for s in both], [x[b][s] for s in both])}" for x in (last50, final)]
             lines.append(f"| {a} / {b} | {cells[0]} | {cells[1]} |")
     cols = [NAMES.get(c, c) for c in COLS]
     lines += ["", "pass@k (64 answers per question, T = 1.0), maj@64 and greedy accuracy along training, mean [95% "
               "CI] over seeds:", "", "| algo | step | " + " | ".join(cols) + " |", "|---|---|" + "---|" * len(cols)]
-    lines.append("| start | 0 | " + " | ".join(
-        ci([next(iter(runs.values()))[s][1][0][c] for s in seeds]) for c in COLS) + " |")
+    lines.append("| start | 0 | " + " | ".join(ci([ev[c] for ev in starts(runs).values()]) for c in COLS) + " |")
     for algo, by_seed in runs.items():
         for i, step in enumerate(steps[1:], 1):
             lines.append(f"| {algo} | {step} | " + " | ".join(
@@ -160,7 +168,8 @@ def tables(runs):
         if a in runs and b in runs:
             for i, step in enumerate(steps[1:], 1):
                 lines.append(f"| {a} - {b} | {step} | " + " | ".join(
-                    ci([runs[a][s][1][i][c] - runs[b][s][1][i][c] for s in seeds], sign=True) for c in COLS) + " |")
+                    ci([runs[a][s][1][i][c] - runs[b][s][1][i][c] for s in common(runs, a, b)], sign=True)
+                    for c in COLS) + " |")
     return lines
 
 
@@ -252,8 +261,9 @@ def main():
         lines = sweep(a.setting)
     else:
         runs = load(a.setting)
-        seeds = list(next(iter(runs.values())))
-        lines = [f"{' '.join(a.setting)}: seeds {seeds}; 64 answers per question at T = 1.0 on each seed's 200 "
+        seeds = {algo: sorted(by_seed) for algo, by_seed in runs.items()}
+        lines = [f"{' '.join(a.setting)}: seeds per algorithm {json.dumps(seeds)}; each difference over the seeds both "
+                 "algorithms have; 64 answers per question at T = 1.0 on each seed's 200 "
                  "held-out questions at each eval.", ""] + tables(runs)
     text = "\n".join(lines)
     if a.md:
