@@ -12,8 +12,6 @@ For each per-seed difference d_1..d_n (same seed: same starting policy, same que
 Settings are folders of seeds.py runs with sampled evals (<algo>_seed<k>.jsonl.gz); `algo=FOLDER` takes that
 algorithm from its own folder (each algorithm at its own learning rate). Each pair uses the seeds both have.
 
-    python results/paired.py --setting tiny60_lr3e-4_B16_1000steps_passk \
-        --md results/tiny60_lr3e-4_B16_1000steps_passk/paired.md
     python results/paired.py --setting tiny30_passk --md results/tiny30_passk/paired.md
     python results/paired.py --setting grpo=tiny60s_lr1e-4_B16_1000steps_passk \
         reinforce=tiny60s_lr1e-4_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk --claims tiny60s
