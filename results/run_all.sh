@@ -110,12 +110,13 @@ OMP_NUM_THREADS=1 $S --policy tiny60=runs/tiny_policy/ckpt60 --lr 3e-4 --steps 5
 python results/horizon.py --sweep --setting tiny30_lr3e-4_B16_500steps_passk tiny30_lr1e-3_B16_500steps_passk \
   tiny45_lr3e-4_B16_500steps_passk tiny60_lr3e-4_B16_500steps_passk --md results/horizon_sweep.md
 
-# 4f. The horizon study from the stored ckpt60 (policy name tiny60s), each algorithm at its own learning rate. The sweep:
-#     grpo and reinforce at lr 1e-4, 3e-4 and 1e-3, seeds 0-2, 500 steps; pick_lr.py applies the rule fixed before
+# 4f. The horizon study from the stored ckpt60 (policy name tiny60s), each algorithm at its own learning rate. The
+#     sweep: grpo and reinforce at lr 1e-4, 3e-4 and 1e-3, seeds 0-2, 500 steps; pick_lr.py applies the rule fixed before
 #     the sweep's first run finished (results/README.md) and writes the rates to results/tiny60s_lr.json. Then seeds
 #     0-19 of grpo and reinforce at their rates and of negative at 3e-4, 1000 steps (on an AVX2-only AMD EPYC, one
-#     thread: 629-995 s of CPU a grpo or reinforce run, about 1300 s a negative run, whose answers are longer). Resumable: a run checkpoints every 100 steps (in runs/seeds_scratch/) and continues
-#     from there; its file keeps 6 significant digits and no per-step timings (seeds.py compact).
+#     thread: 629-995 s of CPU a grpo or reinforce run, about 1300 s a negative run, whose answers are longer).
+#     Resumable: a run checkpoints every 100 steps (in runs/seeds_scratch/) and continues from there; its file keeps
+#     6 significant digits and no per-step timings (seeds.py compact).
 T="python results/seeds.py run --policy tiny60s=results/tiny_policy/ckpt60 --eval-samples 64 --batch-prompts 16"
 OMP_NUM_THREADS=1 $T --lr 1e-4 3e-4 1e-3 --seeds 0-2 --steps 500 --algos grpo reinforce
 python results/pick_lr.py --md results/tiny60s_lr_sweep.md --json results/tiny60s_lr.json
@@ -128,8 +129,8 @@ S60="grpo=tiny60s_lr${LR_G}_B16_1000steps_passk reinforce=tiny60s_lr${LR_R}_B16_
 S60="$S60 negative=tiny60s_lr3e-4_B16_1000steps_passk"
 python results/paired.py --setting $S60 --md results/tiny60s_paired.md --claims "tiny60s, 1000 steps"  # with the claims rows
 python results/horizon.py --setting $S60 --md results/tiny60s_horizon.md --png results/tiny60s_horizon.png
-for f in tiny60s_lr${LR_G}_B16_1000steps_passk tiny60s_lr${LR_R}_B16_1000steps_passk tiny60s_lr3e-4_B16_1000steps_passk; do
-  python results/seeds.py summarize --setting $f --md results/$f/seeds.md  # AUC and greedy accuracy (the front page)
+for lr in $LR_G $LR_R 3e-4; do  # AUC and greedy accuracy per folder (the front page's table)
+  f=tiny60s_lr${lr}_B16_1000steps_passk; python results/seeds.py summarize --setting $f --md results/$f/seeds.md
 done
 
 # 5. SmolLM2-135M-Instruct on arith, the real-model confirmation: grpo and reinforce, seeds 0-2, 100 steps,

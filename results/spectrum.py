@@ -3,14 +3,15 @@ three settings where it was measured. Reads the raw files only; draws no new sam
 
 - tiny30, 300 steps (section 4, part 1): RESULTS/tiny30_passk/, 64 answers per question at T = 1.0, 200 questions
   per seed, band: 95% bootstrap over seeds.
-- tiny60s, 1000 steps (section 4, the horizon): grpo and reinforce from RESULTS/tiny60s_lr1e-4_B16_1000steps_passk/,
-  negative from RESULTS/tiny60s_lr3e-4_B16_1000steps_passk/, the same eval at the last step.
+- tiny60s, 1000 steps (section 4, the horizon): grpo and reinforce at the rates of RESULTS/tiny60s_lr.json (their
+  folders RESULTS/tiny60s_lr<lr>_B16_1000steps_passk/), negative at 3e-4, the same eval at the last step.
 - SmolLM2-135M, 100 steps (section 5, part 4): RESULTS/smollm2_passk/passk.jsonl, 16 answers per question at
   T = 0.7, 100 questions per seed; with 3 seeds the band resamples questions within each seed (as passk.md's CIs).
 
     python results/spectrum.py --png results/spectrum.png
 """
 import argparse
+import json
 import os
 import sys
 
@@ -21,8 +22,6 @@ import horizon  # noqa: E402
 import passk  # noqa: E402
 import smollm2_passk  # noqa: E402
 
-TINY60S = ["grpo=tiny60s_lr1e-4_B16_1000steps_passk", "reinforce=tiny60s_lr1e-4_B16_1000steps_passk",
-           "negative=tiny60s_lr3e-4_B16_1000steps_passk"]
 COLORS = {"grpo": "C0", "reinforce": "C1", "drgrpo_seq": "C2", "negative": "C3"}
 
 
@@ -55,7 +54,10 @@ def main():
                {algo: passk.band([[by_seed[s][f"pass@{k}"] - tiny30["start"][s][f"pass@{k}"] for k in ks64]
                                   for s in by_seed]) for algo, by_seed in tiny30.items() if algo != "start"},
                f"{len(tiny30['start'])} seeds")]
-    runs = horizon.load(TINY60S)
+    lr = json.load(open(os.path.join(HERE, "tiny60s_lr.json")))  # each algorithm's rate, as run_all.sh 4f reads it
+    runs = horizon.load([f"grpo=tiny60s_lr{lr['grpo']['chosen']}_B16_1000steps_passk",
+                         f"reinforce=tiny60s_lr{lr['reinforce']['chosen']}_B16_1000steps_passk",
+                         "negative=tiny60s_lr3e-4_B16_1000steps_passk"])
     start60 = [ev[0]["pass@1"] for _, ev in next(iter(runs.values())).values()]
     panels.append((f"tiny60s, 1000 steps (start pass@1 {sum(start60) / len(start60):.2f})", ks64,
                    {algo: passk.band(horizon.end_minus_start(by_seed, ks64)) for algo, by_seed in runs.items()},
