@@ -39,11 +39,6 @@ def load(specs):
     return {a: dict(sorted(by_seed.items())) for a, by_seed in paired.load(specs).items()}
 
 
-def common(runs, a, b):
-    """The seeds both algorithms have: a paired difference is taken over these."""
-    return sorted(set(runs[a]) & set(runs[b]))
-
-
 def starts(runs):
     """{seed: step-0 eval} over every seed of every algorithm (one draw per seed, as load checks)."""
     return {s: ev[0] for by_seed in runs.values() for s, (_, ev) in sorted(by_seed.items())}
@@ -113,7 +108,8 @@ def tables(runs):
               + " | seeds ahead in the last quarter |", "|---|" + "---|" * 5]
     for a, b in PAIRS:
         if a in runs and b in runs:
-            d = [[x - y for x, y in zip(quarters(runs[a][s][0]), quarters(runs[b][s][0]))] for s in common(runs, a, b)]
+            d = [[x - y for x, y in zip(quarters(runs[a][s][0]), quarters(runs[b][s][0]))]
+                 for s in paired.common(runs, a, b)]
             ahead = sum(x[3] > 0 for x in d)
             lines.append(f"| {a} - {b} | " + " | ".join(ci([x[i] for x in d], sign=True) for i in range(4))
                          + f" | {ahead}/{len(d)} |")
@@ -126,14 +122,15 @@ def tables(runs):
     for a, b in PAIRS:
         if a in runs and b in runs:
             d = [[x - y for x, y in zip(quarters(runs[a][s][0], "entropy"), quarters(runs[b][s][0], "entropy"))]
-                 for s in common(runs, a, b)]
+                 for s in paired.common(runs, a, b)]
             lines.append(f"| {a} - {b} | " + " | ".join(ci([x[i] for x in d], sign=True) for i in range(4)) + " |")
     lines += ["", "Steps to a train reward of 0.8 (10-step trailing mean), paired by seed over the seeds where both "
               "reached it:", "", "| difference | seeds | Δ steps to 0.8 | seeds where the first is sooner |",
               "|---|---|---|---|"]
     for a, b in PAIRS:
         if a in runs and b in runs:
-            hit = [(steps_to(rew(runs[a][s][0]), 0.8), steps_to(rew(runs[b][s][0]), 0.8)) for s in common(runs, a, b)]
+            hit = [(steps_to(rew(runs[a][s][0]), 0.8), steps_to(rew(runs[b][s][0]), 0.8))
+                   for s in paired.common(runs, a, b)]
             d = [x - y for x, y in hit if max(x, y) < float("inf")]
             cell = ci(d, digits=0, sign=True) if d else "-"
             lines.append(f"| {a} - {b} | {len(d)}/{len(hit)} | {cell} | {sum(x < 0 for x in d)}/{len(d)} |")
@@ -145,7 +142,7 @@ def tables(runs):
     final = {a: {s: ev[-1]["pass@1"] for s, (_, ev) in by_seed.items()} for a, by_seed in runs.items()}
     for a, b in PAIRS:
         if a in runs and b in runs:
-            both = common(runs, a, b)
+            both = paired.common(runs, a, b)
             cells = [f"{sd_ratio([x[a][s] for s in both], [x[b][s] for s in both])}" for x in (last50, final)]
             lines.append(f"| {a} / {b} | {cells[0]} | {cells[1]} |")
     cols = [NAMES.get(c, c) for c in COLS]
@@ -168,7 +165,7 @@ def tables(runs):
         if a in runs and b in runs:
             for i, step in enumerate(steps[1:], 1):
                 lines.append(f"| {a} - {b} | {step} | " + " | ".join(
-                    ci([runs[a][s][1][i][c] - runs[b][s][1][i][c] for s in common(runs, a, b)], sign=True)
+                    ci([runs[a][s][1][i][c] - runs[b][s][1][i][c] for s in paired.common(runs, a, b)], sign=True)
                     for c in COLS) + " |")
     return lines
 

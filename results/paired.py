@@ -111,6 +111,11 @@ def load(specs):
     return runs
 
 
+def common(runs, a, b):
+    """The seeds both algorithms have: a paired difference is taken over these."""
+    return sorted(set(runs[a]) & set(runs[b]))
+
+
 def train_numbers(train):
     """Per-run training numbers: reward over the run (AUC), its first and last quarter, entropy over the last quarter
     and the last 20 steps, KL over the last 20 steps, steps to a 0.8 train reward."""
@@ -132,7 +137,7 @@ def tables(runs, at_start=True):
     for a, b in PAIRS:
         if a not in runs or b not in runs:
             continue
-        seeds = sorted(set(runs[a]) & set(runs[b]))
+        seeds = common(runs, a, b)
         if len(seeds) < 2:
             continue
         for col in EVAL_COLS:
@@ -235,7 +240,7 @@ def differences(runs, diff, metric):
     of the metric at the start (None for train metrics)."""
     a, b = diff.split(" - ")
     key = {"greedy": "acc_lenient"}.get(metric, metric)
-    seeds = sorted(set(runs[a]) if b == "start" else set(runs[a]) & set(runs[b]))
+    seeds = sorted(runs[a]) if b == "start" else common(runs, a, b)
     if key not in EVAL_COLS:
         d = [train_numbers(runs[a][s][0])[key] - train_numbers(runs[b][s][0])[key] for s in seeds]
         return [x for x in d if math.isfinite(x)], None
@@ -256,7 +261,7 @@ def sd_ratio_ci(x, y, n=10000, seed=0):
 
 def spread_ratio(runs, a, b):
     """The number of seeds, and sd over seeds of the last-50-step train reward, a / b, with its interval."""
-    seeds = sorted(set(runs[a]) & set(runs[b]))
+    seeds = common(runs, a, b)
     x, y = ([sum(t["reward_mean"] for t in runs[algo][s][0][-50:]) / 50 for s in seeds] for algo in (a, b))
     return len(seeds), *sd_ratio_ci(x, y)
 
