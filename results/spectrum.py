@@ -54,11 +54,12 @@ def main():
                {algo: passk.band([[by_seed[s][f"pass@{k}"] - tiny30["start"][s][f"pass@{k}"] for k in ks64]
                                   for s in by_seed]) for algo, by_seed in tiny30.items() if algo != "start"},
                f"{len(tiny30['start'])} seeds")]
-    lr = json.load(open(os.path.join(HERE, "tiny60s_lr.json")))  # each algorithm's rate, as run_all.sh 4f reads it
+    with open(os.path.join(HERE, "tiny60s_lr.json")) as f:
+        lr = json.load(f)  # each algorithm's rate, as run_all.sh 4f reads it
     runs = horizon.load([f"grpo=tiny60s_lr{lr['grpo']['chosen']}_B16_1000steps_passk",
                          f"reinforce=tiny60s_lr{lr['reinforce']['chosen']}_B16_1000steps_passk",
                          "negative=tiny60s_lr3e-4_B16_1000steps_passk"])
-    start60 = [ev[0]["pass@1"] for _, ev in next(iter(runs.values())).values()]
+    start60 = [ev["pass@1"] for ev in horizon.starts(runs).values()]
     panels.append((f"tiny60s, 1000 steps (start pass@1 {sum(start60) / len(start60):.2f})", ks64,
                    {algo: passk.band(horizon.end_minus_start(by_seed, ks64)) for algo, by_seed in runs.items()},
                    ", ".join(f"{algo} {len(by_seed)}" for algo, by_seed in runs.items()) + " seeds"))
