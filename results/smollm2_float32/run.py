@@ -1,0 +1,131 @@
+"""SmolLM2-135M-Instruct on arith in float32: GRPO vs REINFORCE, each at a learning rate of its own, 10 seeds.
+
+    python results/smollm2_float32/run.py sweep --seeds 100       # one queue; a second one takes --seeds 101
+    python results/smollm2_float32/run.py pick                    # the rule of README.md -> lr.json
+    python results/smollm2_float32/run.py seeds --seeds 0-4       # 100-step runs at the picked rates
+
+Each run is `grpo.py` with FLAGS in a child process on one thread, its folder under runs/smollm2_float32/ (checkpoint
+every 10 steps). A run whose file here exists is skipped; a run stopped part-way continues from its last checkpoint.
+When a run ends its metrics.jsonl is gzipped into this folder (sweep/ or seeds/) and one line is appended to
+runs.jsonl: wall and CPU seconds summed over its attempts, and for each attempt the commit, the CPU model and torch.
+"""
+import argparse
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+SCRATCH = os.path.join(ROOT, "runs", "smollm2_float32")
+FLAGS = ["--model", "smollm2", "--dataset", "arith", "--G", "8", "--batch-prompts", "2", "--max-new-tokens", "64",
+         "--temperature", "0.7", "--eval-every", "50", "--eval-n", "200", "--dtype", "float32", "--save-every", "10"]
+SWEEP_LRS = ["3e-6", "1e-5", "3e-5"]
+SWEEP_STEPS = 50
+STEPS = 100
+ALGOS = ["grpo", "reinforce"]
+
+
+def machine():
+    """What made an attempt: the commit of grpo.py, the CPU model, torch."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "grpo.py"], cwd=ROOT, capture_output=True, text=True)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    import torch
+    return {"commit": commit + ("+dirty" if dirty.stdout.strip() else ""), "cpu": cpu, "torch": torch.__version__}
+
+
+def run_one(kind, algo, lr, seed, steps):
+    """One grpo.py run unless its file exists; resumes from its checkpoint where an earlier attempt left one."""
+    name = f"{algo}_lr{lr}_seed{seed}"
+    final = os.path.join(HERE, kind, name + ".jsonl.gz")
+    if os.path.exists(final):
+        return
+    out = os.path.join(SCRATCH, kind, name)
+    spent_path = os.path.join(out, "..", name + ".spent.json")  # beside the run's folder, which grpo.py owns
+    spent = json.load(open(spent_path)) if os.path.exists(spent_path) else {"wall_s": 0.0, "cpu_s": 0.0, "attempts": []}
+    if os.path.isdir(os.path.join(out, "checkpoint")):
+        argv = ["--resume", out]
+    else:
+        shutil.rmtree(out, ignore_errors=True)  # this script's own folder, killed before its first checkpoint
+        argv = [*FLAGS, "--algo", algo, "--lr", lr, "--seed", str(seed), "--steps", str(steps), "--out", out]
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    spent["attempts"].append(machine())
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    t0 = time.time()
+    with open(os.path.join(SCRATCH, kind, name + ".log"), "a") as log:
+        child = subprocess.Popen([sys.executable, os.path.join(ROOT, "grpo.py"), *argv], cwd=ROOT, env=env,
+                                 stdout=log, stderr=subprocess.STDOUT)
+        _, status, usage = os.wait4(child.pid, 0)
+    spent["wall_s"] += time.time() - t0
+    spent["cpu_s"] += usage.ru_utime + usage.ru_stime
+    with open(spent_path, "w") as f:
+        json.dump(spent, f)
+    if os.waitstatus_to_exitcode(status) != 0:
+        sys.exit(f"error: {name} failed (exit {os.waitstatus_to_exitcode(status)}); see its .log in {SCRATCH}/{kind}")
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    with open(os.path.join(out, "metrics.jsonl"), "rb") as src, gzip.open(final + ".tmp", "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    os.replace(final + ".tmp", final)
+    with open(os.path.join(HERE, "runs.jsonl"), "a") as f:
+        f.write(json.dumps({"kind": kind, "algo": algo, "lr": lr, "seed": seed, "steps": steps,
+                            "wall_s": round(spent["wall_s"], 1), "cpu_s": round(spent["cpu_s"], 1),
+                            "attempts": spent["attempts"]}) + "\n")
+    print(f"{kind} {name}: {spent['wall_s']:.0f} s wall, {spent['cpu_s']:.0f} s CPU", flush=True)
+
+
+def train_rewards(path):
+    with gzip.open(path, "rt") as f:
+        return [r["reward_mean"] for r in map(json.loads, f) if r.get("type") == "train"]
+
+
+def pick(seeds=(100, 101)):
+    """The rule of README.md, per algorithm: a rate is out if on any seed the mean train reward of the last 10 steps
+    is below that of the first 10 (a collapse); of the rest, the highest mean train reward over the last 20 steps,
+    averaged over the seeds, wins (a tie to 3 decimals goes to the smaller rate). Every rate out: the smallest."""
+    chosen = {}
+    for algo in ALGOS:
+        rows = {}
+        for lr in SWEEP_LRS:
+            runs = [train_rewards(os.path.join(HERE, "sweep", f"{algo}_lr{lr}_seed{s}.jsonl.gz")) for s in seeds]
+            collapsed = any(sum(r[-10:]) / 10 < sum(r[:10]) / 10 for r in runs)
+            last20 = sum(sum(r[-20:]) / 20 for r in runs) / len(runs)
+            rows[lr] = {"collapsed": collapsed, "last20": round(last20, 3)}
+        kept = [lr for lr in SWEEP_LRS if not rows[lr]["collapsed"]] or SWEEP_LRS[:1]
+        best = max(kept, key=lambda lr: (rows[lr]["last20"], -float(lr)))
+        chosen[algo] = {"chosen": best, "rates": rows}
+    return chosen
+
+
+def seed_list(spec):
+    lo, _, hi = spec.partition("-")
+    return list(range(int(lo), int(hi or lo) + 1))
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("what", choices=["sweep", "pick", "seeds"])
+    p.add_argument("--seeds", default="0-9", help="'100', '0-4'")
+    a = p.parse_args()
+    if a.what == "sweep":
+        for seed in seed_list(a.seeds):
+            for lr in SWEEP_LRS:
+                for algo in ALGOS:
+                    run_one("sweep", algo, lr, seed, SWEEP_STEPS)
+    elif a.what == "pick":
+        chosen = pick()
+        with open(os.path.join(HERE, "lr.json"), "w") as f:
+            json.dump(chosen, f, indent=1)
+        print(json.dumps(chosen, indent=1))
+    else:
+        lrs = json.load(open(os.path.join(HERE, "lr.json")))
+        for seed in seed_list(a.seeds):
+            for algo in ALGOS:
+                run_one("seeds", algo, lrs[algo]["chosen"], seed, STEPS)
+
+
+if __name__ == "__main__":
+    main()
