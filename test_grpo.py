@@ -2,7 +2,6 @@
 tokenizer made here; data files are written by the tests. Run: python -m pytest -q test_grpo.py"""
 
 import copy
-import fnmatch
 import importlib.util
 import itertools
 import json
@@ -206,6 +205,8 @@ def test_advantages_shape_for_B_times_G():
     ("the sides are 3,4,5", False, "5"),
     ("#### 1,2345", False, "1"),
     ("#### 12,345,67", False, "12345"),
+    ("#### \u22125", True, "-5"),                   # U+2212, the typeset minus sign, is a minus
+    ("it fell by \u22123.5 degrees", False, "-3.5"),
 ])
 def test_extract_answer(text, strict, expected):
     assert grpo.extract_answer(text, strict=strict) == expected
@@ -1461,6 +1462,10 @@ def test_gguf_and_fewshot_errors(tiny_dir, data_dir, tmp_path, capsys, monkeypat
     monkeypatch.undo()
     r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "40", "--out", out])
     assert_one_line_error(r, "--fewshot 40", "lower --fewshot")
+    abc = write_data(tmp_path / "abc", [{"question": f"{q}?", "answer": "#### 1"} for q in "abc"],
+                     [{"question": "a?", "answer": "#### 1"}])
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", abc, "--fewshot", "2", "--seed", "1", "--out", out])
+    assert_one_line_error(r, "--fewshot 2 shows every test question as an example", "lower --fewshot")
     train, test = grpo.load_data(data_dir, 0)
     prefix, kept, _, _ = grpo.fewshot_prefix(train, test, 6, 0)
     assert len(prefix) > 256  # one token per character: the examples alone exceed the tiny model's positions
@@ -1722,6 +1727,9 @@ def test_bad_input(tiny_dir, data_dir, tmp_path):
     noref = write_data(tmp_path / "noref", sums(3), [{"question": "q", "answer": "42"}])
     assert_one_line_error(run_cli(*base, "--dataset", noref), "test.jsonl line 1", "####")
     assert_one_line_error(run_cli(*base, "--dataset", data_dir, "--G", "1"), "--G")
+    assert_one_line_error(run_cli(*base, "--dataset", data_dir, "--G", str(10 ** 20)), "too many to hold")
+    assert_one_line_error(run_cli(*base, "--dataset", data_dir, "--eval-samples", str(2 ** 40)), "too many to hold")
+    assert_one_line_error(run_cli(*base, "--dataset", data_dir, "--seed", str(2 ** 64)), "--seed")
     assert_one_line_error(run_cli(*base, "--dataset", data_dir, "--micro-batch", "0"), "--micro-batch")
     assert_one_line_error(run_cli(*base, "--dataset", data_dir, "--device", "tpu9"), "--device")
     assert not out.exists(), "a rejected run must write nothing"
@@ -1739,6 +1747,196 @@ def test_existing_run_is_not_overwritten(tiny_dir, data_dir, tmp_path):
     r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--out", str(out))
     assert_one_line_error(r, "--overwrite")
     assert (out / "metrics.jsonl").read_text() == "precious\n"
+
+
+# ------------------------------------------------------------------ the run's files: its record, --overwrite
+# A run records every name it creates in OUT (run_files.json) before creating it; --overwrite removes exactly the
+# previous run's record, and a run never writes over, resumes or removes what no run recorded.
+
+def folder_bytes(path):
+    """Every entry below path: a file's bytes, a link's target, a folder's mark; links are not followed."""
+    found = {}
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            rel = os.path.relpath(p, path)
+            found[rel] = ("link", os.readlink(p)) if os.path.islink(p) else "dir" if os.path.isdir(p) else \
+                open(p, "rb").read()
+    return found
+
+
+def users_own(out):
+    """The issue's folder of the user's own: names that look like a run's, folders, a link to a folder outside."""
+    os.makedirs(out / "wandb" / "run-other-project")
+    (out / "wandb" / "run-other-project" / "events").write_bytes(b"\x00\x01 theirs")
+    os.makedirs(out / "tokenizer_experiments")
+    (out / "tokenizer_experiments" / "data.txt").write_text("mine")
+    (out / "model_best.safetensors.bak").write_bytes(b"weights I kept")
+    (out / "notes.txt").write_text("notes")
+    os.makedirs(out.parent / "elsewhere", exist_ok=True)
+    (out.parent / "elsewhere" / "keep.txt").write_text("outside")
+    os.symlink(out.parent / "elsewhere", out / "checkpoint_link")
+
+
+def test_overwrite_removes_the_old_runs_files_and_nothing_else(tiny_dir, data_dir, tmp_path, monkeypatch):
+    """An old run (rollouts, checkpoint, final model) beside the user's own files; --overwrite with a run that
+    dies in its first step: every name the old run recorded is gone, every file of the user's is byte-identical,
+    and OUT holds the new run's record and metrics only."""
+    out = tmp_path / "run"
+    small_run(tiny_dir, data_dir, out, "--steps", "2", "--log-rollouts", "1", "--save-every", "1")
+    old = grpo.recorded(str(out))
+    assert set(os.listdir(out)) <= old and {"metrics.jsonl", "rollouts.jsonl", "checkpoint", "model.safetensors",
+                                             "config.json", "tokenizer.json", "run_files.json"} <= old
+    users_own(out)
+    before = {k: v for k, v in folder_bytes(out).items() if k.split(os.sep)[0] not in old}
+
+    def crash(*args):
+        raise Killed
+    monkeypatch.setattr(grpo, "train_step", crash)
+    with pytest.raises(Killed):
+        small_run(tiny_dir, data_dir, out, "--steps", "2", "--overwrite")
+    after = folder_bytes(out)
+    assert {k: v for k, v in after.items() if k not in ("metrics.jsonl", "run_files.json")} == before
+    assert not (out / "checkpoint").exists()
+    with pytest.raises(grpo.ConfigError, match="no checkpoint"):
+        grpo.find_checkpoint(str(out))  # the old run's checkpoint is gone, so nothing of it can be resumed
+
+
+def test_overwrite_checks_everything_before_it_removes_anything(tiny_dir, data_dir, tmp_path):
+    """A recorded name that is now a symbolic link (to a folder of the user's): one line, and nothing removed."""
+    out = tmp_path / "run"
+    small_run(tiny_dir, data_dir, out, "--steps", "1")
+    os.makedirs(tmp_path / "theirs")
+    (tmp_path / "theirs" / "a.txt").write_text("theirs")
+    import shutil
+    shutil.rmtree(out / "checkpoint")
+    os.symlink(tmp_path / "theirs", out / "checkpoint")
+    before = folder_bytes(out)
+    r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--out", str(out), "--overwrite")
+    assert_one_line_error(r, "checkpoint is a symbolic link")
+    assert folder_bytes(out) == before and (tmp_path / "theirs" / "a.txt").read_text() == "theirs"
+
+
+def test_a_run_never_writes_into_a_folder_of_files_no_run_recorded(tiny_dir, data_dir, tmp_path):
+    """--model DIR --out DIR, with or without --overwrite: one line naming the model's files, all byte-identical.
+    A folder with a checkpoint/ and no record (another run's, or a copy): a new run refuses it, so it can never
+    resume from weights it did not write; a run from before the record cannot be --overwritten either."""
+    import shutil
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    before = folder_bytes(model)
+    for extra in ([], ["--overwrite"]):
+        r = run_cli("--model", str(model), "--dataset", data_dir, "--out", str(model), "--steps", "1", *extra)
+        assert_one_line_error(r, "config.json", "no run recorded writing")
+        assert folder_bytes(model) == before
+    out = tmp_path / "stale"
+    os.makedirs(out / "checkpoint")
+    (out / "checkpoint" / "trainer_state.json").write_text('{"step": 5}')
+    r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--out", str(out), "--steps", "1", "--seed", "3")
+    assert_one_line_error(r, "checkpoint", "no run recorded writing")
+    (out / "metrics.jsonl").write_text('{"type": "config"}\n')
+    r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--out", str(out), "--steps", "1", "--overwrite")
+    assert_one_line_error(r, "from before grpo.py recorded its files")
+    assert sorted(os.listdir(out)) == ["checkpoint", "metrics.jsonl"]
+
+
+def test_a_name_only_the_final_save_writes_stops_the_run_with_the_model_kept(tiny_dir, data_dir, tmp_path,
+                                                                             monkeypatch):
+    """A file the user put in OUT during the run under a name the final save writes: the run stops with one
+    line, the user's file is intact and the final model waits in OUT/final.tmp."""
+    out = tmp_path / "run"
+    real_save = grpo.save
+
+    def save_and_meet_a_users_file(model, tokenizer, path):
+        real_save(model, tokenizer, path)
+        if path.endswith("final.tmp"):
+            (out / "tokenizer.json").write_text("the user's")
+    monkeypatch.setattr(grpo, "save", save_and_meet_a_users_file)
+    with pytest.raises(grpo.Stopped, match="tokenizer.json, which this run did not write"):
+        small_run(tiny_dir, data_dir, out, "--steps", "1")
+    assert (out / "tokenizer.json").read_text() == "the user's"
+    assert os.path.isfile(out / "final.tmp" / "model.safetensors") and not (out / "model.safetensors").exists()
+
+
+def test_resume_takes_only_a_checkpoint_the_run_recorded(tiny_dir, data_dir, tmp_path):
+    out = tmp_path / "run"
+    small_run(tiny_dir, data_dir, out, "--steps", "1")
+    grpo.record(str(out), [])  # keeps the names: a run's own checkpoint is found
+    assert grpo.find_checkpoint(str(out)) == str(out / "checkpoint")
+    names = sorted(grpo.recorded(str(out)) - {"checkpoint", "checkpoint.old"})
+    (out / "run_files.json").write_text(json.dumps({"names": names}))
+    with pytest.raises(grpo.ConfigError, match="no checkpoint"):
+        grpo.find_checkpoint(str(out))
+
+
+def test_a_run_from_before_the_record_resumes(tiny_dir, data_dir, tmp_path, capsys):
+    """A run whose folder has no run_files.json and whose config line has the old boolean strict_reward: --resume
+    continues it (the names a run writes are taken as its own) and records them; the checkpoint carries the run's
+    seconds, and the summary gives the whole run's time beside the part since --resume."""
+    out = tmp_path / "run"
+    small_run(tiny_dir, data_dir, out, "--steps", "1", "--reward", "strict")
+    first_s = trainer_state(out)["wall_s"]
+    assert first_s > 0
+    os.remove(out / "run_files.json")
+    lines = open(out / "metrics.jsonl").read().splitlines()
+    config = json.loads(lines[0])
+    config["strict_reward"] = config.pop("reward") == "strict"
+    (out / "metrics.jsonl").write_text("\n".join([json.dumps(config), *lines[1:]]) + "\n")
+    args = grpo.get_args(["--resume", str(out), "--steps", "2"])
+    assert args.reward == "strict"
+    grpo.train(args)
+    assert trainer_state(out)["step"] == 2 and {"checkpoint", "metrics.jsonl", "config.json"} <= grpo.recorded(out)
+    assert trainer_state(out)["wall_s"] > first_s
+    done = [line for line in capsys.readouterr().out.splitlines() if line.startswith("done: ")]
+    assert done[-1].startswith("done: 2 steps of grpo on the strict reward") and done[-1].endswith(" since --resume)")
+
+
+_NAMES = st.sampled_from(["metrics.jsonl", "rollouts.jsonl", "checkpoint", "checkpoint.old", "checkpoint.tmp",
+                          "wandb", "config.json", "model.safetensors", "model-00001-of-00002.safetensors",
+                          "tokenizer.json", "tokenizer_experiments", "model_best.safetensors.bak", "final.tmp",
+                          "run_files.json.tmp", "notes.txt", "vocab.json", "merges.txt", "x"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(recorded=st.lists(_NAMES, max_size=6, unique=True),
+       users=st.lists(st.tuples(_NAMES, st.sampled_from(["file", "dir", "link"])), max_size=8,
+                      unique_by=lambda x: x[0]),
+       flags=st.sampled_from([(0, None), (1, None), (0, "project")]))
+def test_overwrite_never_touches_what_the_old_run_did_not_record(tmp_path_factory, recorded, users, flags):
+    """Random folders: names the previous run recorded (files it made), and the user's own files, folders and links
+    under every name a run writes and others. claim_out, the step a run with --overwrite takes before it writes:
+    either one ConfigError and the folder byte-identical, or exactly the recorded names gone, everything else
+    byte-identical, and the new record names none of the user's names."""
+    tmp = tmp_path_factory.mktemp("folder")
+    out = tmp / "out"
+    os.makedirs(out)
+    (tmp / "target").write_text("outside")
+    for name in recorded:
+        (out / name).write_text("the old run's")
+    grpo.record(str(out), recorded)
+    old = grpo.recorded(str(out))
+    for name, kind in users:
+        if name in old:
+            continue
+        if kind == "file":
+            (out / name).write_bytes(b"user " + name.encode())
+        elif kind == "dir":
+            os.makedirs(out / name / "inside")
+            (out / name / "inside" / "f").write_text("user")
+        else:
+            os.symlink(tmp / "target", out / name)
+    before = folder_bytes(out)
+    theirs = {k: v for k, v in before.items() if k.split(os.sep)[0] not in old}
+    args = types.SimpleNamespace(out=str(out), resume=None, overwrite=True, log_rollouts=flags[0], wandb=flags[1])
+    try:
+        grpo.claim_out(args)
+    except grpo.ConfigError:
+        assert folder_bytes(out) == before
+        return
+    after = folder_bytes(out)
+    assert {k: v for k, v in after.items() if k != "run_files.json"} == theirs
+    assert grpo.recorded(str(out)).isdisjoint(k.split(os.sep)[0] for k in theirs)
+    assert (tmp / "target").read_text() == "outside"
 
 
 # ------------------------------------------------------------------ Monte Carlo: the group baseline on a softmax bandit
@@ -2111,9 +2309,8 @@ def test_hub_check_goes_the_way_the_download_goes(monkeypatch):
     for name in [name for name in os.environ if name.lower().endswith("_proxy")]:
         monkeypatch.delenv(name)
 
-    def reachable(endpoint, offline=False, **env):
-        monkeypatch.setattr(constants, "ENDPOINT", endpoint)  # both are read when huggingface_hub is imported
-        monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    def reachable(endpoint, **env):
+        monkeypatch.setattr(constants, "ENDPOINT", endpoint)  # read when huggingface_hub is imported
         for name, value in env.items():
             monkeypatch.setenv(name, value)
         close_session()  # the shared client reads the proxy variables when it is built
@@ -2128,7 +2325,8 @@ def test_hub_check_goes_the_way_the_download_goes(monkeypatch):
         assert reachable("https://huggingface.co", https_proxy=nowhere) is False
         port, asked = http_listener("200 OK")  # NO_PROXY names the Hub's host: it is asked directly, past the proxy
         assert reachable(f"http://127.0.0.1:{port}", ALL_PROXY=nowhere, NO_PROXY="127.0.0.1") is True and asked
-        assert reachable(nowhere, offline=True) is True  # offline: the library reads its cache, nothing is asked
+        port, asked = http_listener("200 OK")
+        assert reachable(f"http://127.0.0.1:{port}", HF_HUB_OFFLINE="1") is False and not asked  # offline: not asked
         assert time.monotonic() - start < 10
     finally:
         close_session()  # later users get a client built from the real settings
@@ -2140,25 +2338,6 @@ def test_empty_data_file(tiny_dir, tmp_path, capsys, split):
     r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data, "--out", str(tmp_path / "run")])
     assert_one_line_error(r, f"{split}.jsonl holds no rows")
     assert not (tmp_path / "run").exists()
-
-
-def test_overwrite_removes_the_old_runs_checkpoint(tiny_dir, data_dir, tmp_path, monkeypatch):
-    """Else a new run that dies before its first checkpoint would --resume from the old run's weights."""
-    out = tmp_path / "run"
-    os.makedirs(out / "checkpoint")
-    (out / "metrics.jsonl").write_text('{"type": "config"}\n')
-    (out / "checkpoint" / "trainer_state.json").write_text('{"step": 5}')
-
-    def crash(*args):
-        raise Killed
-
-    monkeypatch.setattr(grpo, "train_step", crash)
-    with pytest.raises(Killed):
-        grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "1",
-                                  "--micro-batch", "2", "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out),
-                                  "--overwrite"]))
-    assert not (out / "checkpoint").exists()
-    assert json.loads(open(out / "metrics.jsonl").readline())["model"] == tiny_dir
 
 
 def small_run(tiny_dir, data_dir, out, *extra):
@@ -2179,24 +2358,6 @@ def test_overwrite_leaves_nothing_of_the_old_run(tiny_dir, data_dir, tmp_path):
     assert (out / "notes.txt").read_text() == "mine"
     assert [json.loads(line).get("step") for line in open(out / "metrics.jsonl")][1:] == [0, 1, 1]
     assert trainer_state(out)["step"] == 1
-
-
-def test_every_file_a_run_writes_is_one_overwrite_clears(tiny_dir, data_dir, tmp_path, monkeypatch):
-    """Every name a finished run leaves in OUT (logs, checkpoint, rollouts, the final model) matches RUN_FILES, the
-    list --overwrite clears: a per-run file added later without being listed fails here. After --overwrite with
-    a run that stops at its first step, none of the old run's files is left."""
-    out = tmp_path / "run"
-    small_run(tiny_dir, data_dir, out, "--steps", "2", "--log-rollouts", "1", "--save-every", "1")
-    names = sorted(os.listdir(out))
-    unlisted = [n for n in names if not any(fnmatch.fnmatch(n, p) for p in grpo.RUN_FILES)]
-    assert not unlisted and {"metrics.jsonl", "rollouts.jsonl", "checkpoint", "model.safetensors"} <= set(names)
-
-    def crash(*args):
-        raise Killed
-    monkeypatch.setattr(grpo, "train_step", crash)
-    with pytest.raises(Killed):
-        small_run(tiny_dir, data_dir, out, "--steps", "2", "--overwrite")
-    assert sorted(os.listdir(out)) == ["metrics.jsonl"]
 
 
 def test_resume_keeps_the_rollouts_up_to_the_checkpoint(tiny_dir, data_dir, tmp_path):
@@ -2379,8 +2540,10 @@ def test_evaluation_batches(batch_prompts, K, done):
     model, tokenizer, rows, args = replay_eval_setup()
     args.batch_prompts, args.eval_samples = batch_prompts, K
     heard = []
-    grpo.evaluate(model, tokenizer, rows, [0], args, progress=lambda n, total: heard.append((n, total)))
-    assert heard == [(n, 14) for n in [0] + done]  # 0 first: the bar shows the evaluation before a batch ends
+    grpo.evaluate(model, tokenizer, rows, [0], args, progress=heard.append)
+    # 0 first: the bar shows the evaluation before a batch ends; then the questions answered, greedy then sampled
+    assert heard == ["greedy 0/7 questions", "greedy 7/7 questions"] + [f"sampled {n - 7}/7 questions"
+                                                                         for n in done[1:]]
 
 
 def test_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
@@ -2533,55 +2696,113 @@ def machine(monkeypatch, cuda, hub):
     """This machine as one with or without a CUDA device and a Hub that answers or not; counts the Hub checks."""
     asked = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
     monkeypatch.setattr(grpo, "hub_reachable", lambda timeout=3.0: asked.append(1) or hub)
     return asked
 
 
-@pytest.mark.parametrize("cuda, hub, setting, why", [
-    (True, True, "full", "a CUDA device; the Hub answers"), (True, False, "small", "the Hub does not answer"),
-    (False, True, "small", "no CUDA device"), (False, False, "small", "no CUDA device")])
-def test_the_setting_follows_the_machine(monkeypatch, cuda, hub, setting, why):
-    """The bare command's values on each kind of machine: all nine setting values as SETTINGS lists them, the rest
-    as before; the Hub is asked only where a GPU is."""
+def flags_filled(line):
+    """{flag: value} of the setting line's 'filled in --a 1 --b x' part."""
+    words = line.split("; filled in ", 1)[1].split(";")[0].split()
+    return dict(zip(words[::2], words[1::2]))
+
+
+def as_flags(values):
+    return {"--" + name.replace("_", "-"): str(value) for name, value in values.items()}
+
+
+@pytest.mark.parametrize("cuda, hub, device, setting, why", [
+    (True, True, "auto", "full", "a CUDA device; the Hub answers"),
+    (True, False, "auto", "small", "the Hub does not answer"),
+    (False, True, "auto", "small", "no CUDA device"), (False, False, "auto", "small", "no CUDA device"),
+    (True, True, "cpu", "small", "--device cpu")])
+def test_the_bare_commands_setting_follows_the_machine(monkeypatch, capsys, cuda, hub, device, setting, why):
+    """A command that names neither model nor data: full only with a CUDA device and a Hub that answers, asked only
+    then; every value the setting holds is filled in, and the one stderr line names them."""
     asked = machine(monkeypatch, cuda, hub)
-    args = grpo.get_args(["--G", "8", "--algo", "grpo", "--dtype", "float32"])
-    assert (args.setting, args.setting_why, len(asked)) == (setting, why, int(cuda))
-    expected = {"full": ("Qwen/Qwen2.5-0.5B-Instruct", "gsm8k", 4, 200, 256, 1.0, 1e-6, 10, 200),
-                "small": ("smollm2", "arith", 2, 12, 32, 0.7, 2e-5, 0, 48)}[setting]
-    names = ("model", "dataset", "batch_prompts", "steps", "max_new_tokens", "temperature", "lr", "eval_every",
-             "eval_n")
-    assert tuple(getattr(args, n) for n in names) == expected
-    assert (args.G, args.beta, args.clip_eps, args.mu, args.eval_temperature) == (8, 0.04, 0.2, 1, expected[5])
-    assert args.device == ("cuda" if cuda else "cpu")
-    assert grpo.setting_line(args).startswith(f"setting {setting} ({why}): ")
+    args = grpo.get_args(["--G", "8", "--algo", "grpo", "--dtype", "float32", "--device", device])
+    assert (args.setting, len(asked)) == (setting, int(cuda and device == "auto"))
+    assert {k: getattr(args, k) for k in grpo.SETTINGS[setting]} == grpo.SETTINGS[setting]
+    assert (args.G, args.beta, args.clip_eps, args.mu, args.eval_temperature) == (8, 0.04, 0.2, 1, args.temperature)
+    err = capsys.readouterr().err
+    assert err.startswith(f"setting {setting} ({why}): ") and err.count("\n") == 1, err
+    assert flags_filled(err) == as_flags(grpo.SETTINGS[setting])
+
+
+@pytest.mark.parametrize("cuda, hub", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("named", [["--model", "/models/Qwen2.5-0.5B-Instruct"], ["--dataset", "/data/gsm8k"]])
+def test_a_run_that_names_its_model_or_data_gets_the_full_values(monkeypatch, capsys, cuda, hub, named):
+    """On any machine, without asking the Hub: full's values for every flag left out, named in the stderr line."""
+    asked = machine(monkeypatch, cuda, hub)
+    args = grpo.get_args([*named, "--steps", "1", "--dtype", "float32"])
+    full = {k: v for k, v in grpo.SETTINGS["full"].items() if k not in ("steps", named[0][2:])}
+    assert args.setting == "full" and not asked and args.steps == 1 and getattr(args, named[0][2:]) == named[1]
+    assert {k: getattr(args, k) for k in full} == full
+    err = capsys.readouterr().err
+    assert err.startswith("setting full (--model or --dataset given): ") and flags_filled(err) == as_flags(full)
+    assert ("on the CPU this takes hours" in err) == (named[0] == "--dataset" and not cuda)  # full's model filled in
+    assert "--setting full" not in err
 
 
 @pytest.mark.parametrize("setting", ["full", "small"])
-def test_flags_given_are_never_replaced_by_a_setting(monkeypatch, setting):
+def test_flags_given_are_never_replaced_by_a_setting(monkeypatch, capsys, setting):
     machine(monkeypatch, cuda=False, hub=False)
     given = ["--model", "m", "--dataset", "d", "--batch-prompts", "3", "--steps", "7", "--max-new-tokens", "9",
              "--temperature", "0.5", "--lr", "2e-3", "--eval-every", "4", "--eval-n", "11"]
-    args = grpo.get_args(["--setting", setting, "--dtype", "float32", *given])
-    assert (args.model, args.dataset, args.batch_prompts, args.steps, args.max_new_tokens, args.temperature, args.lr,
-            args.eval_every, args.eval_n) == ("m", "d", 3, 7, 9, 0.5, 2e-3, 4, 11)
+    for reward in ("strict", "lenient"):
+        args = grpo.get_args(["--setting", setting, "--dtype", "float32", *given, "--reward", reward])
+        assert (args.model, args.dataset, args.batch_prompts, args.steps, args.max_new_tokens, args.temperature,
+                args.lr, args.eval_every, args.eval_n, args.reward) == ("m", "d", 3, 7, 9, 0.5, 2e-3, 4, 11, reward)
+        assert "filled in" not in capsys.readouterr().err
     args = grpo.get_args(["--setting", setting, "--dtype", "float32", "--lr", "2e-3", "--steps", "7"])
     assert (args.lr, args.steps, args.model) == (2e-3, 7, grpo.SETTINGS[setting]["model"])  # one given, one not
 
 
+@pytest.mark.parametrize("variable", grpo.OFFLINE_VARIABLES)
+def test_the_offline_variables_mean_offline(monkeypatch, capsys, tiny_dir, tmp_path, variable):
+    """HF_HUB_OFFLINE and its kin: auto takes small on a CUDA machine without asking the network, and the full
+    setting's GSM8K from the Hub is one line, exit 2, nothing written (an empty cache here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv(variable, "1")
+    import huggingface_hub
+    monkeypatch.setattr(huggingface_hub, "get_session", lambda: pytest.fail("the network was asked"))
+    args = grpo.get_args(["--dtype", "float32"])
+    assert args.setting == "small" and grpo.hub_reachable() is False
+    assert capsys.readouterr().err.startswith("setting small (the Hub is switched off by an *_OFFLINE variable): ")
+    out = tmp_path / "run"
+    r = run_cli("--setting", "full", "--model", tiny_dir, "--device", "cpu", "--out", str(out),
+                env={variable: "1", "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert_one_line_error(r, "openai/gsm8k", "--dataset DIR")
+    assert not out.exists()
+
+
+def test_one_setting_line_per_job(monkeypatch, capsys):
+    """Under torchrun only rank 0 (torchrun's RANK) says which setting the job runs."""
+    machine(monkeypatch, cuda=False, hub=False)
+    monkeypatch.setenv("RANK", "1")
+    args = grpo.get_args(["--dtype", "float32"])
+    assert args.setting == "small" and capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    grpo.get_args(["--dtype", "float32"])
+    assert capsys.readouterr().err.startswith("setting small")
+
+
 def test_the_config_line_records_the_setting_and_resume_keeps_it(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
-    """A run made where the small setting applies, resumed where the full one would: the resumed run keeps its
-    setting and every value (the config line is rewritten with the same values), and says why on stderr."""
+    """A run of the small setting with a model of its own, resumed where auto would take full: the resumed run
+    keeps its setting and every value (the config line is rewritten with the same values), and says why."""
     machine(monkeypatch, cuda=False, hub=False)
     out = tmp_path / "run"
-    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--steps", "1",
-                              "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)]))
+    grpo.train(grpo.get_args(["--setting", "small", "--model", tiny_dir, "--dataset", data_dir, "--G", "2",
+                              "--steps", "1", "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)]))
     first = json.loads(open(out / "metrics.jsonl").readline())
-    assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"]) == ("small", 2, 2e-5, 0.7)
-    assert "setting_why" not in first
-    assert capsys.readouterr().err.startswith("setting small (no CUDA device): ")
+    assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"], first["reward"]) == (
+        "small", 2, 2e-5, 0.7, "strict")
+    assert capsys.readouterr().err.startswith(f"setting small (--setting): {tiny_dir} on {data_dir}, strict reward, ")
     machine(monkeypatch, cuda=True, hub=True)
     args = grpo.get_args(["--resume", str(out), "--steps", "2", "--device", "cpu"])
-    assert args.setting == "small" and args.setting_why == f"as the run in {out}"
+    assert args.setting == "small"
+    assert capsys.readouterr().err.startswith(f"setting small (as the run in {out}): ")
     grpo.train(args)
     again = json.loads(open(out / "metrics.jsonl").readline())
     assert {k: v for k, v in again.items() if k != "steps"} == {k: v for k, v in first.items() if k != "steps"}
@@ -2594,7 +2815,9 @@ def test_the_bare_command_on_this_machine(tmp_path):
     r = run_cli("--G", "8", "--algo", "grpo", "--steps", "1", "--eval-n", "4", "--max-new-tokens", "16",
                 "--out", str(out), env={"CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stderr.startswith("setting small (no CUDA device): SmolLM2-135M-Instruct on arith, 1 steps, cpu; "
+    assert r.stderr.startswith("setting small (no CUDA device): SmolLM2-135M-Instruct on arith, strict reward, 1 "
+                               "steps, cpu; filled in --model smollm2 --dataset arith --batch-prompts 2 "
+                               "--temperature 0.7 --lr 2e-05 --eval-every 0 --reward strict; "
                                "Qwen/Qwen2.5-0.5B-Instruct on GSM8K is --setting full\n"), r.stderr[:500]
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert (lines[0]["setting"], lines[0]["model"], lines[0]["dataset"], lines[0]["lr"]) == (
@@ -2603,11 +2826,11 @@ def test_the_bare_command_on_this_machine(tmp_path):
     evals = [x for x in lines if x["type"] == "eval"]
     assert len(train) == 1 and math.isfinite(train[0]["loss"]) and [e["step"] for e in evals] == [0, 1]
     summary = r.stdout.strip().splitlines()[-6:]
-    assert summary[0].startswith("done: 1 steps of grpo (small setting: smollm2 on arith) in ")
-    assert summary[1] == (f"eval on 4 held-out questions, step 0 -> 1: lenient {evals[0]['acc_lenient']:.3f} -> "
-                          f"{evals[1]['acc_lenient']:.3f}, strict {evals[0]['acc_strict']:.3f} -> "
-                          f"{evals[1]['acc_strict']:.3f}")
-    for line, key, label in ((summary[2], "right", "lenient"), (summary[3], "right_strict", "strict")):
+    assert summary[0].startswith("done: 1 steps of grpo on the strict reward (small setting: smollm2 on arith) in ")
+    assert summary[1] == (f"eval on 4 held-out questions, step 0 -> 1: strict {evals[0]['acc_strict']:.3f} -> "
+                          f"{evals[1]['acc_strict']:.3f}, lenient {evals[0]['acc_lenient']:.3f} -> "
+                          f"{evals[1]['acc_lenient']:.3f}")  # the metric the reward pays first
+    for line, key, label in ((summary[2], "right_strict", "strict"), (summary[3], "right", "lenient")):
         before, after = (e[key] for e in evals)  # per question, 0 or 1
         assert [sum(before) / 4, sum(after) / 4] == [evals[0]["acc_" + label], evals[1]["acc_" + label]]
         d = [b - a for a, b in zip(before, after)]
@@ -2617,7 +2840,7 @@ def test_the_bare_command_on_this_machine(tmp_path):
                           f"{train[0]['reward_mean']:.3f}")
     assert summary[5] == f"metrics: {out}/metrics.jsonl; checkpoint: {out}/checkpoint; final model: {out} " \
                          "(from_pretrained)"
-    assert "eval 0/4 questions" in r.stderr and "eval 4/4 questions" in r.stderr  # the evaluation's progress
+    assert "eval greedy 0/4 questions" in r.stderr and "eval greedy 4/4 questions" in r.stderr  # its progress
 
 
 def test_the_summary_gives_the_paired_change_by_hand():
@@ -2633,7 +2856,7 @@ def test_the_summary_gives_the_paired_change_by_hand():
 def test_the_summary_by_hand(tmp_path):
     """14 steps: a tenth is ceil(1.4) = 2 steps at each end; the numbers as computed by hand."""
     config = {"type": "config", "algo": "grpo", "setting": "small", "model": "smollm2", "dataset": "arith",
-              "eval_samples": 0}
+              "eval_samples": 0, "reward": "lenient"}
     rewards = [0.0, 0.5] + [0.25] * 10 + [1.0, 0.75]
     evals = [{"type": "eval", "step": s, "n": 6, "acc_lenient": sum(r) / 6, "acc_strict": 0.0, "right": r,
               "right_strict": [0] * 6} for s, r in ((0, [1, 0, 0, 1, 0, 0]), (14, [1, 1, 1, 0, 1, 0]))]
@@ -2641,7 +2864,7 @@ def test_the_summary_by_hand(tmp_path):
                                     enumerate(rewards)] + [evals[1]]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     assert grpo.summary(str(tmp_path), 405.0).splitlines() == [
-        "done: 14 steps of grpo (small setting: smollm2 on arith) in 6.8 min",
+        "done: 14 steps of grpo on the lenient reward (small setting: smollm2 on arith) in 6.8 min",
         "eval on 6 held-out questions, step 0 -> 14: lenient 0.333 -> 0.667, strict 0.000 -> 0.000",
         "  lenient change +0.333, paired standard error 0.333 (1.0 SE)",
         "  strict change +0.000, paired standard error 0.000",
@@ -2660,18 +2883,40 @@ def test_the_small_setting_without_its_package_is_one_line(monkeypatch, capsys, 
     assert not out.exists()
 
 
-def test_the_full_setting_named_on_a_cpu_says_so(monkeypatch):
+def test_the_full_setting_named_on_a_cpu_says_so(monkeypatch, capsys):
     machine(monkeypatch, cuda=False, hub=False)
     args = grpo.get_args(["--setting", "full", "--dtype", "float32"])
     assert args.model == "Qwen/Qwen2.5-0.5B-Instruct" and args.device == "cpu"
-    assert grpo.setting_line(args) == ("setting full (--setting): Qwen/Qwen2.5-0.5B-Instruct on gsm8k, 200 steps, "
-                                       "cpu; on the CPU this takes hours (--setting small: minutes)")
+    err = capsys.readouterr().err
+    assert err.startswith("setting full (--setting): Qwen/Qwen2.5-0.5B-Instruct on gsm8k, lenient reward, 200 steps, "
+                          "cpu; filled in --model Qwen/Qwen2.5-0.5B-Instruct --dataset gsm8k ")
+    assert err.endswith("; on the CPU this takes hours (--setting small: minutes)\n")
+
+
+def test_the_summary_of_a_resumed_strict_run_with_one_sample(tmp_path):
+    """The reward's metric first (strict), pass@1 once where K = 1, and the time of the whole run beside the part
+    since --resume."""
+    config = {"type": "config", "algo": "grpo", "setting": "full", "model": "m", "dataset": "d", "eval_samples": 1,
+              "reward": "strict"}
+    evals = [{"type": "eval", "step": s, "n": 2, "acc_lenient": a, "acc_strict": b, "pass@1": c, "maj@1": c}
+             for s, a, b, c in ((0, 0.5, 0.0, 0.5), (3, 1.0, 0.5, 1.0))]
+    records = [config, evals[0]] + [{"type": "train", "step": i, "reward_mean": 0.5} for i in (1, 2, 3)] + [evals[1]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert grpo.summary(str(tmp_path), 600.0, 90.0).splitlines()[:2] == [
+        "done: 3 steps of grpo on the strict reward (full setting: m on d) in 10.0 min (1.5 min since --resume)",
+        "eval on 2 held-out questions, step 0 -> 3: strict 0.000 -> 0.500, lenient 0.500 -> 1.000, "
+        "pass@1 0.500 -> 1.000, maj@1 0.500 -> 1.000"]
 
 
 def test_help_shows_both_settings_values():
-    text = grpo.build_parser().format_help()
+    """Each setting value in its flag's help; one pair of parentheses at most, no '(default: None)', a description
+    that names what the bare command trains on a CPU, and an --overwrite that says what it deletes."""
+    text = re.sub(r"\s+", " ", grpo.build_parser().format_help())
     for name, value in grpo.SETTINGS["small"].items():
-        assert f"(full: {grpo.SETTINGS['full'][name]}; small: {value})" in re.sub(r"\s+", " ", text), name
+        assert f"(full: {grpo.SETTINGS['full'][name]}; small: {value})" in text, name
+    assert "((" not in text and "))" not in text and ") (" not in text and "(default: None)" not in text
+    assert "SmolLM2-135M-Instruct on arith" in text.split("options:")[0]
+    assert "--overwrite replace the run in --out: deletes the files that run recorded" in text
 
 
 # ------------------------------------------------------------------ the study's statistics (results/paired.py)
@@ -2696,14 +2941,14 @@ def test_paired_tests_by_hand():
     assert paired.loo_range([1, 2, 3, 6]) == pytest.approx((2.0, 11 / 3))
 
 
-@pytest.mark.parametrize("lo, hi, sign, ceiling, said", [
-    (0.1, 0.3, +1, False, "reproduced"), (0.1, 0.3, -1, False, "contradicted"),
-    (-0.3, -0.1, -1, False, "reproduced"), (-0.3, -0.1, +1, False, "contradicted"),
-    (-0.1, 0.3, +1, False, "inconclusive"), (-0.1, 0.3, -1, False, "inconclusive"),
-    (-0.3, -0.1, -1, True, "inconclusive (at its ceiling)"), (0.1, 0.3, -1, True, "contradicted"),
-    (-0.1, 0.3, 0, False, "inconclusive (no difference detected)"), (-0.3, -0.1, 0, False, "contradicted")])
-def test_the_verdict_rule(lo, hi, sign, ceiling, said):
-    assert paired_module().verdict(lo, hi, sign, ceiling) == said
+@pytest.mark.parametrize("lo, hi, sign, said", [
+    (0.1, 0.3, +1, "reproduced"), (0.1, 0.3, -1, "contradicted"),
+    (-0.3, -0.1, -1, "reproduced"), (-0.3, -0.1, +1, "contradicted"),
+    (-0.1, 0.3, +1, "inconclusive"), (-0.1, 0.3, -1, "inconclusive"),
+    (-0.1, 0.3, 0, "inconclusive (no difference detected)"), (-0.3, -0.1, 0, "contradicted"),
+    (0.1, 0.3, 0, "contradicted")])
+def test_the_verdict_rule(lo, hi, sign, said):
+    assert paired_module().verdict(lo, hi, sign) == said
 
 
 def test_the_claims_rows_follow_from_their_intervals():
@@ -2724,12 +2969,12 @@ def test_the_claims_rows_follow_from_their_intervals():
     assert "toy, 3 seeds" in kl
     entropy = rows["Without a baseline the entropy falls faster: entropy, reinforce - grpo"]
     assert entropy.endswith("+0.100 [-0.397, +0.597] | inconclusive |")
-    # grpo's pass@64 falls by 0.004-0.006 from 0.995: Yue et al.'s fall is shown, the "does not rise" of
-    # DeepSeekMath's figure cannot be, since the metric started at its ceiling.
+    # grpo's pass@64 falls by 0.004-0.006 from 0.995: Yue et al.'s fall is shown, and DeepSeekMath's "pass@K does
+    # not move" is contradicted by it; pass@16 does not move on any seed, which the rule cannot call reproduced.
     assert rows["The RL model beats its base at small k and falls below it at large k"].endswith(
         "pass@64 (start 0.995) -0.005 [-0.007, -0.003] | reproduced |")
     assert rows["RL lifts maj@K, not pass@K"].endswith(
-        "| maj@64: reproduced; pass@16: inconclusive; pass@64: inconclusive (at its ceiling) |")
+        "| maj@64: reproduced; pass@16: inconclusive (no difference detected); pass@64: contradicted |")
     # reinforce - grpo train reward 0, 0.01, 0.02 on the 3 seeds: mean 0.01, sd 0.01; its spread over seeds is twice
     # grpo's, and a resample that draws one seed 3 times (3 of 27) gives 0 / 0, counted as 0
     assert rows["GRPO learns faster: train reward, reinforce - grpo"].endswith(
