@@ -7,7 +7,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(1, ROOT)  # grpo.py and test_grpo.py; index 0 stays the running script's folder
+sys.path.insert(1, ROOT)  # grpo.py and testing_utils.py; index 0 stays the running script's folder
 
 PRESETS = {  # the two benchmark settings
     "tiny": {"batch_prompts": 1, "G": 8, "new_tokens": 32},
@@ -23,7 +23,7 @@ def prepare_model(name, cache):
     import torch
     import grpo
     if name == "tiny":
-        from test_grpo import make_tiny_model
+        from testing_utils import make_tiny_model
         return make_tiny_model(path, seed=0, n_layer=2, n_embd=64)  # GPT-2, 2 layers, width 64, char tokenizer
     # SmolLM2 ships as GGUF; TRL builds its reference model with from_pretrained(path), so save plain weights once
     model, tokenizer = grpo.load_model("smollm2", torch.device("cpu"))[:2]

@@ -34,17 +34,17 @@ ALGOS = ("grpo", "reinforce")
 
 
 def setup(name, task, seed, train_steps=0):
-    """(model, tokenizer, eos_ids, rows). 'tiny' is a fresh random tiny GPT-2 from test_grpo.py; any other
+    """(model, tokenizer, eos_ids, rows). 'tiny' is a fresh random tiny GPT-2 from testing_utils.py; any other
     name goes to grpo.load_model (smollm2, or a folder that grpo.py saved, to measure a trained policy)."""
     if name == "tiny":
-        from test_grpo import make_tiny_model
+        from testing_utils import make_tiny_model
         name = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), seed=seed)
     if task == "seven":  # the toy task of results/toy_seeds.py: the answer is always 7
         rows = [{"question": f"what is {i}?", "answer": "#### 7", "ref": "7"} for i in range(64)]
     else:
         rows = grpo.make_arith(64, random.Random(seed))
     if train_steps:  # measure at a policy that GRPO has already moved, with the toy settings of toy_seeds.py
-        from test_grpo import write_data
+        from testing_utils import write_data
         tmp = tempfile.mkdtemp()
         data = write_data(os.path.join(tmp, "data"), rows, rows[:8])
         name = grpo.train(grpo.get_args([

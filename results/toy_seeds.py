@@ -19,7 +19,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 import grpo  # noqa: E402
-from test_grpo import make_tiny_model, write_data  # noqa: E402
+from testing_utils import make_tiny_model, write_data  # noqa: E402
 
 
 def steps_to(rewards, threshold, window=5):

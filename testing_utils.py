@@ -1,0 +1,67 @@
+"""What the tests, bench/ and results/ share: a tiny model with a character-level tokenizer, and GSM8K-format data
+written to a folder. Nothing here downloads; everything is made from a seed."""
+import json
+import os
+
+import torch
+
+CHARS = "0123456789abcdefghijklmnopqrstuvwxyz ?.:#+-*=,$\n"
+
+
+def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_extra=None, eos=True, arch="gpt2"):
+    """A tiny randomly initialized model with a character-level tokenizer, saved to `path`. arch "gpt2" has learned
+    absolute positions; "llama" and "qwen2" (the families of SmolLM2 and Qwen2.5) have rotary positions and
+    grouped-query attention, so left padding and the KV cache go through other code in transformers; "gemma3" adds
+    sliding-window attention on every other layer, with a window of 4 tokens, shorter than any prompt here."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig,
+                              LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
+    vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one token per character
+    tok.decoder = decoders.Fuse()
+    # pad = EOS, as load_model sets it; said here too because Qwen2's tokenizer class would add a pad token of its own
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>" if eos else None, unk_token="<unk>",
+                                        pad_token="<eos>" if eos else None)
+    torch.manual_seed(seed)
+    eos_id = 0 if eos else None  # GPT2Config's own default is 50256, so "no EOS" must be said explicitly
+    if arch == "gpt2":
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=len(vocab), n_positions=256, n_embd=n_embd, n_layer=n_layer,
+                                           n_head=2, bos_token_id=eos_id, eos_token_id=eos_id, resid_pdrop=dropout,
+                                           embd_pdrop=dropout, attn_pdrop=dropout))
+    elif arch == "gemma3":  # sliding-window attention on the first layer, a window shorter than the prompts
+        model = Gemma3ForCausalLM(Gemma3TextConfig(
+            vocab_size=len(vocab), max_position_embeddings=256, hidden_size=n_embd, intermediate_size=2 * n_embd,
+            num_hidden_layers=n_layer, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+            layer_types=(["sliding_attention", "full_attention"] * n_layer)[:n_layer],
+            bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=eos_id, attention_dropout=dropout,
+            tie_word_embeddings=True))
+    else:
+        classes = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM)}
+        config_class, model_class = classes[arch]
+        model = model_class(config_class(vocab_size=len(vocab), max_position_embeddings=256, hidden_size=n_embd,
+                                         intermediate_size=2 * n_embd, num_hidden_layers=n_layer, num_attention_heads=4,
+                                         num_key_value_heads=2, bos_token_id=eos_id, eos_token_id=eos_id,
+                                         attention_dropout=dropout, tie_word_embeddings=True))
+    for key, value in (generation_extra or {}).items():
+        setattr(model.generation_config, key, value)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def write_data(path, train, test):
+    os.makedirs(path, exist_ok=True)
+    for name, rows in (("train", train), ("test", test)):
+        with open(os.path.join(path, f"{name}.jsonl"), "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+    return str(path)
+
+
+def sums(n, offset=0):
+    rows = []
+    for i in range(n):
+        a, b = (i + offset) % 7, (3 * i + offset) % 5
+        rows.append({"question": f"what is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
+    return rows
