@@ -696,15 +696,21 @@ def test_fewshot_questions_leave_both_splits_by_text_in_a_gsm8k_folder(tmp_path)
         assert not any(r["question"] in shown for r in kept_train + kept_test)
 
 
-def record_prompts(monkeypatch):
-    """The list that every prompt train() sends to the model is appended to, in order."""
-    real_generate, prompts = grpo.generate, []
+def record_generate(monkeypatch):
+    """The list that every call train() makes to generate is appended to, in order: (args, kwargs, what it returned);
+    args are (model, tokenizer, prompts, eos_ids, max_new_tokens)."""
+    real_generate, calls = grpo.generate, []
 
-    def recording_generate(model, tokenizer, batch_prompts, *args, **kwargs):
-        prompts.extend(batch_prompts)
-        return real_generate(model, tokenizer, batch_prompts, *args, **kwargs)
+    def recording_generate(*args, **kwargs):
+        out = real_generate(*args, **kwargs)
+        calls.append((args, kwargs, out))
+        return out
     monkeypatch.setattr(grpo, "generate", recording_generate)
-    return prompts
+    return calls
+
+
+def prompts_of(calls):
+    return [p for args, _, _ in calls for p in args[2]]
 
 
 def test_no_question_is_asked_with_its_own_solution_in_front(tiny_dir, tmp_path, monkeypatch):
@@ -713,7 +719,7 @@ def test_no_question_is_asked_with_its_own_solution_in_front(tiny_dir, tmp_path,
     train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(5)] * 4
     test = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(3)]
     data = write_data(tmp_path / "data", train, test)
-    prompts = record_prompts(monkeypatch)
+    calls = record_generate(monkeypatch)
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "4",
                               "--steps", "4", "--max-new-tokens", "4", "--eval-n", "3", "--fewshot", "1",
@@ -722,6 +728,7 @@ def test_no_question_is_asked_with_its_own_solution_in_front(tiny_dir, tmp_path,
     shown = train[config["fewshot_rows"][0]]["question"]
     assert config["n_train"] == 16 and config["n_test"] == 3 - (shown in {t["question"] for t in test})
     prefix = f"Question: {shown}\nAnswer: "
+    prompts = prompts_of(calls)
     asked = [p.split("\n\n")[-1] for p in prompts]
     assert all(p.startswith(prefix) for p in prompts) and len(prompts) == 4 * 4 + 2 * config["n_test"]
     assert not any(shown in q for q in asked)
@@ -734,7 +741,7 @@ def test_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, monkeyp
     train = [{"question": f"what is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"} for i in range(12)]
     test = [{"question": f"what is {i} + 2?", "answer": f"#### {i + 2}"} for i in range(4)]
     data = write_data(tmp_path / "data", train, test)
-    prompts = record_prompts(monkeypatch)
+    calls = record_generate(monkeypatch)
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "3",
                               "--steps", "3", "--max-new-tokens", "4", "--eval-n", "4", "--fewshot", "3",
@@ -743,6 +750,7 @@ def test_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, monkeyp
     shots = [train[i] for i in config["fewshot_rows"]]
     assert len(shots) == 3 and config["n_train"] == 9
     prefix = "".join(f"Question: {r['question']}\nAnswer: {r['answer']}\n\n" for r in shots)
+    prompts = prompts_of(calls)
     asked = [p[len(prefix):] for p in prompts]
     assert all(p.startswith(prefix) for p in prompts) and len(prompts) == 2 * 4 + 3 * 3
     assert all(re.fullmatch(r"Question: what is \d+ \+ [12]\?\nAnswer:", q) for q in asked)
@@ -1544,20 +1552,6 @@ def test_kl_term_without_ratio_is_the_papers_not_trls_default(trl_trainer, mu):
         assert abs(paper_loss.item() - default_loss.item()) > 1e-3 * abs(default_loss.item())
 
 
-def test_every_flag_of_the_readmes_trl_and_verl_table_exists():
-    """The first column of README.md's "Coming from TRL or verl" table: each flag and each value it names."""
-    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
-    table = text.split("## Coming from TRL or verl", 1)[1].split("\n\n")[2]
-    rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]]
-    by_flag = {s: a for a in grpo.build_parser()._actions for s in a.option_strings}
-    assert len(rows) == 12
-    for row in rows:
-        flag, *values = re.findall(r"`([^`]+)`", row)
-        assert flag in by_flag, flag
-        choices = by_flag[flag].choices
-        assert all(v in choices for v in values), (flag, values, choices)
-
-
 def test_defaults_differ_from_trls_and_the_mapped_flags_agree(trl_trainer):
     """The defaults of the two differ: grpo.py is the paper (--loss-agg seq, --beta 0.04, the KL term without the
     ratio), TRL's GRPOConfig is DAPO's aggregation without a KL term (loss_type dapo, beta 0.0, and
@@ -1702,18 +1696,12 @@ def test_answer_lengths_through_train(tiny_dir, tmp_path, monkeypatch):
     questions = ["1 + 2?", "what is 1 + 2 when you add it all up and count?"] * 3
     rows = [{"question": q, "answer": "#### 3"} for q in questions]
     data = write_data(tmp_path / "data", rows, rows[:2])
-    real_generate, batches = grpo.generate, []
-
-    def recording_generate(*args, **kwargs):
-        out = real_generate(*args, **kwargs)
-        batches.append((args[1], out))
-        return out
-    monkeypatch.setattr(grpo, "generate", recording_generate)
+    calls = record_generate(monkeypatch)
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "4", "--batch-prompts", "2",
                               "--steps", "3", "--max-new-tokens", "12", "--eval-every", "0", "--eval-n", "1",
                               "--temperature", "1.0", "--out", str(out)]))
-    train_batches = [b for b in batches if len(b[1]["completion_ids"]) == 8]  # the eval batches have 1 row
+    train_batches = [(args[1], out) for args, _, out in calls if len(out["completion_ids"]) == 8]  # eval: 1 row
     records = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "train"]
     assert len(train_batches) == len(records) == 3
     prompt_lengths = set()
@@ -1794,18 +1782,14 @@ def test_sampled_eval_counts_recomputed_from_its_completions(tiny_dir, tmp_path,
     by a wrapper around generate), with the estimator replaced by enumeration and the vote counted by hand."""
     questions = [{"question": f"what is {i} + 0?", "answer": f"#### {i % 3}"} for i in range(5)]
     data = write_data(tmp_path / "data", questions, questions)
-    real_generate, calls = grpo.generate, []
-
-    def recording_generate(*args, **kwargs):
-        out = real_generate(*args, **kwargs)
-        calls.append((kwargs.get("repeat", 1), kwargs.get("temperature"), grpo.decode_completions(args[1], out)))
-        return out
-    monkeypatch.setattr(grpo, "generate", recording_generate)
+    recorded = record_generate(monkeypatch)
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "2",
                               "--steps", "1", "--max-new-tokens", "6", "--eval-n", "5", "--eval-samples", "6",
                               "--eval-temperature", "1.3", "--out", str(out)]))
     evals = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "eval"]
+    calls = [(kw.get("repeat", 1), kw.get("temperature"), grpo.decode_completions(args[1], got))
+             for args, kw, got in recorded]
     sampled = [c for c in calls if c[0] == 6]
     assert [c[1] for c in sampled] == [1.3] * 10  # 2 evals x 5 questions, one a call: 6 answers exceed B*G = 4
     texts = [t for c in sampled for t in c[2]]
@@ -3228,17 +3212,10 @@ def test_on_device_train_two_steps(tiny_dir, data_dir, tmp_path):
         assert all(math.isfinite(v) for v in x.values() if isinstance(v, float))
 
 
-# ------------------------------------------------------------------ the study's statistics (results/paired.py)
-def paired_module():
-    spec = importlib.util.spec_from_file_location("paired", os.path.join(os.path.dirname(__file__), "results",
-                                                                         "paired.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+# ------------------------------------------------------------------ the study's statistics (results/stats.py)
 
 def test_paired_tests_by_hand():
-    paired = paired_module()
+    from results import stats as paired
     for df, table in [(2, 4.302653), (9, 2.262157), (19, 2.093024)]:  # Student's t table, 97.5% quantile
         assert paired.t_quantile(0.975, df) == pytest.approx(table, abs=1e-5)
     lo, hi = paired.t_interval([1, 2, 3, 4])  # mean 2.5, sd 1.290994, t(3) = 3.182446
@@ -3257,11 +3234,12 @@ def test_paired_tests_by_hand():
     (-0.1, 0.3, 0, "inconclusive (no difference detected)"), (-0.3, -0.1, 0, "contradicted"),
     (0.1, 0.3, 0, "contradicted")])
 def test_the_verdict_rule(lo, hi, sign, said):
-    assert paired_module().verdict(lo, hi, sign) == said
+    from results.stats import verdict
+    assert verdict(lo, hi, sign) == said
 
 
 def test_the_claims_rows_follow_from_their_intervals():
-    paired = paired_module()
+    from results import paired
 
     def run(kl, entropy, pass64_end, reward=0.5):
         train = [{"reward_mean": reward, "entropy": entropy, "kl": kl} for _ in range(40)]
@@ -3295,10 +3273,7 @@ def test_the_claims_rows_follow_from_their_intervals():
 
 
 def test_horizon_pairs_each_difference_over_the_seeds_both_algorithms_have():
-    spec = importlib.util.spec_from_file_location("horizon", os.path.join(os.path.dirname(__file__), "results",
-                                                                          "horizon.py"))
-    horizon = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(horizon)
+    from results.tiny60s import horizon
     cols = {"pass@1": 0.5, "pass@4": 0.7, "pass@16": 0.9, "pass@64": 0.95, "maj@64": 0.5, "acc_lenient": 0.5}
 
     def run(reward, start):
@@ -3324,3 +3299,30 @@ def test_horizon_pairs_each_difference_over_the_seeds_both_algorithms_have():
     # grpo's seed 2 in, its sd would be 0.43)
     assert row("| negative / grpo |").startswith(f"| negative / grpo | {0.1 / math.sqrt(2):.3f} / "
                                                  f"{0.1 / math.sqrt(2):.3f} | 1.0 [")
+
+
+# ------------------------------------------------------------------ README.md's pointers into grpo.py
+
+def test_the_readmes_algorithm_lines_are_the_algorithm():
+    """README.md's "Lines A-B, from `# Data` to the end of `due`": line A opens the Data section, line B ends `due`,
+    and after it comes the infrastructure's banner."""
+    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    first, last = map(int, re.search(r"Lines (\d+)-(\d+), from `# Data` to the end of `due`", text).groups())
+    lines = open(grpo.__file__, encoding="utf-8").read().splitlines()
+    assert lines[first - 1].startswith("# Data:")
+    assert grpo.due.__code__.co_firstlineno < last and lines[last - 1].startswith("    return ")
+    assert [x for x in lines[last:last + 3] if x] == ["# " + "=" * 114]
+
+
+def test_every_flag_of_the_readmes_trl_and_verl_table_exists():
+    """The first column of README.md's "Coming from TRL or verl" table: each flag and each value it names."""
+    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    table = text.split("## Coming from TRL or verl", 1)[1].split("\n\n")[2]
+    rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]]
+    by_flag = {s: a for a in grpo.build_parser()._actions for s in a.option_strings}
+    assert len(rows) == 12
+    for row in rows:
+        flag, *values = re.findall(r"`([^`]+)`", row)
+        assert flag in by_flag, flag
+        choices = by_flag[flag].choices
+        assert all(v in choices for v in values), (flag, values, choices)

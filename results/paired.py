@@ -2,81 +2,39 @@
 
 For each per-seed difference d_1..d_n (same seed: same starting policy, same questions, same held-out set):
   mean          the mean difference
-  bootstrap     95% percentile bootstrap over seeds (seeds.bootstrap_ci), anti-conservative at n = 10
+  bootstrap     95% percentile bootstrap over seeds (stats.bootstrap_ci), anti-conservative at n = 10
   t-interval    mean +- t(0.975, n-1) sd / sqrt(n), the interval the verdicts of results/README.md use
   sign-flip p   exact two-sided permutation test of mean = 0: the share of all 2^n sign patterns whose
                 |sum of +-d_i| is at least the observed |sum d_i| (n <= 20)
   leave-one-out the smallest and largest mean over the n subsets that drop one seed
   ahead         seeds where the difference is above 0
 
-Settings are folders of seeds.py runs with sampled evals (<algo>_seed<k>.jsonl.gz); `algo=FOLDER` takes that
-algorithm from its own folder (each algorithm at its own learning rate). Each pair uses the seeds both have.
+Settings are folders of a study (--study) holding seeds.py runs with sampled evals (<algo>_seed<k>.jsonl.gz);
+`algo=FOLDER` takes that algorithm from its own folder (each algorithm at its own learning rate). Each pair uses the
+seeds both have.
 
-    python results/paired.py --setting tiny30_passk --md results/tiny30_passk/paired.md
-    python results/paired.py --setting grpo=tiny60s_lr1e-4_B16_1000steps_passk \
+    python -m results.paired --study results/tiny30 --setting tiny30_lr1e-4_B4_300steps_passk \
+        --md results/tiny30/tiny30_lr1e-4_B4_300steps_passk/paired.md --claims "tiny30, 300 steps"
+    python -m results.paired --study results/tiny60s --setting grpo=tiny60s_lr1e-4_B16_1000steps_passk \
         reinforce=tiny60s_lr1e-4_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk --claims tiny60s
 
 --claims NAME adds the rows of the claims table that these runs test, each part's verdict under the one rule
-(`verdict`), so that no verdict is written by hand.
+(stats.verdict), so that no verdict is written by hand.
 """
 import argparse
 import json
 import math
 import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from seeds import ALGOS, bootstrap_ci, read_run, steps_to  # noqa: E402
+from results.stats import (ALGOS, bootstrap_ci, loo_range, read_run, sd_ratio, sd_ratio_ci, sign_flip_p, steps_to,
+                           t_interval, verdict)
 
 EVAL_COLS = ["pass@1", "pass@4", "pass@16", "pass@64", "maj@64", "acc_lenient"]
 NAMES = {"acc_lenient": "greedy"}
 PAIRS = [("reinforce", "grpo"), ("negative", "grpo"), ("drgrpo_seq", "grpo"), ("negative", "reinforce")]
 
 
-def t_quantile(q, df):
-    """Student's t quantile by bisection on the CDF, the density integrated numerically (no scipy here)."""
-    import numpy as np
-    c = math.exp(math.lgamma((df + 1) / 2) - math.lgamma(df / 2)) / math.sqrt(df * math.pi)
-
-    def cdf(x):
-        t = np.linspace(0.0, x, 20001)
-        return 0.5 + np.trapezoid(c * (1 + t * t / df) ** (-(df + 1) / 2), t)
-
-    lo, hi = 0.0, 1000.0
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < q else (lo, mid)
-    return (lo + hi) / 2
-
-
-def t_interval(d):
-    import numpy as np
-    d = np.asarray(d, float)
-    half = t_quantile(0.975, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
-    return float(d.mean() - half), float(d.mean() + half)
-
-
-def sign_flip_p(d):
-    """Exact two-sided sign-flip permutation p-value of the mean difference, all 2^n sign patterns."""
-    import numpy as np
-    d = np.asarray(d, float)
-    assert len(d) <= 20, "exact enumeration up to 20 seeds"
-    patterns = np.arange(2 ** len(d))
-    sums = np.zeros(len(patterns))
-    for j, x in enumerate(d):
-        sums += np.where((patterns >> j) & 1, -x, x)
-    return float(np.mean(np.abs(sums) >= abs(d.sum()) - 1e-12))
-
-
-def loo_range(d):
-    import numpy as np
-    d = np.asarray(d, float)
-    means = (d.sum() - d) / (len(d) - 1)
-    return float(means.min()), float(means.max())
-
-
-def stats(d):
+def describe(d):
     """Every column of the tables for one list of per-seed differences."""
     import numpy as np
     return {"n": len(d), "mean": float(np.mean(d)), "boot": bootstrap_ci(d), "t": t_interval(d),
@@ -84,7 +42,7 @@ def stats(d):
 
 
 def row(label, metric, d, digits=3):
-    s = stats(d)
+    s = describe(d)
     f = lambda x: f"{x:+.{digits}f}"  # noqa: E731
     span = lambda lo_hi: f"[{f(lo_hi[0])}, {f(lo_hi[1])}]"  # noqa: E731
     p = "< 0.001" if s["p"] < 0.001 else f"{s['p']:.3f}"
@@ -92,18 +50,19 @@ def row(label, metric, d, digits=3):
             f"| {span(s['loo'])} | {s['ahead']}/{s['n']} |")
 
 
-def load(specs):
-    """{algo: {seed: (train, evals)}} from specs 'FOLDER' (every algorithm in it) or 'algo=FOLDER'; checks that
-    the step-0 evals of one seed are the same draw in every file."""
+def load(specs, study):
+    """{algo: {seed: (train, evals)}} from specs 'FOLDER' (every algorithm in it) or 'algo=FOLDER', folders of the
+    study folder `study`; checks that the step-0 evals of one seed are the same draw in every file."""
     runs, starts = {}, {}
     for spec in specs:
         only, _, folder = spec.rpartition("=")
-        if not os.path.isdir(os.path.join(HERE, folder)):
+        folder = os.path.join(study, folder)
+        if not os.path.isdir(folder):
             continue  # not started yet
         for algo in ([only] if only else ALGOS):
-            for name in sorted(os.listdir(os.path.join(HERE, folder))):
+            for name in sorted(os.listdir(folder)):
                 if name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz"):
-                    config, train, evals = read_run(os.path.join(HERE, folder, name))
+                    config, train, evals = read_run(os.path.join(folder, name))
                     seed = config["seed"]
                     first = json.dumps(evals[0]["correct"])
                     assert starts.setdefault(seed, first) == first, f"step-0 evals differ on seed {seed}"
@@ -160,10 +119,9 @@ def tables(runs, at_start=True):
 
 def spread(runs):
     """The seed-to-seed spread of outcomes (not the gradient's variance): sd over seeds of the last-50-step train reward
-    and of pass@1 at the last eval, their ratio with a bootstrap CI over seeds (horizon.sd_ratio), and the ratio's
+    and of pass@1 at the last eval, their ratio with a bootstrap CI over seeds (stats.sd_ratio), and the ratio's
     range when one seed is left out."""
     import numpy as np
-    from horizon import sd_ratio
     outcomes = [lambda tr, ev: sum(x["reward_mean"] for x in tr[-50:]) / 50, lambda tr, ev: ev[-1]["pass@1"]]
     lines = ["", "Spread over seeds: standard deviation over seeds of the train reward of the last 50 steps and of "
              "pass@1 at the last eval; their ratio with a 95% bootstrap CI over seeds, and its leave-one-out range:",
@@ -181,18 +139,6 @@ def spread(runs):
             cells += [*sd_ratio(x, y).split(" | "), f"[{min(loo):.1f}, {max(loo):.1f}]"]
         lines.append(f"| {a} / {b} | {len(seeds)} | " + " | ".join(cells) + " |")
     return lines
-
-
-def verdict(lo, hi, sign):
-    """The one rule of results/README.md. sign +1: the claim predicts a difference above 0; -1: below 0; 0: no
-    difference (a metric that does not move). Reproduced where the 95% interval excludes 0 in that direction,
-    contradicted where it excludes 0 in the other, inconclusive otherwise. An interval can show a difference but never
-    its absence: a claim of none is contradicted or inconclusive, never reproduced."""
-    if sign == 0:
-        return "contradicted" if lo > 0 or hi < 0 else "inconclusive (no difference detected)"
-    if (lo > 0 and sign < 0) or (hi < 0 and sign > 0):
-        return "contradicted"
-    return "reproduced" if (lo > 0 and sign > 0) or (hi < 0 and sign < 0) else "inconclusive"
 
 
 # The claims of results/README.md that one setting's paired runs test: (claim, source, [(difference, metric, sign)]).
@@ -245,16 +191,6 @@ def differences(runs, diff, metric):
     return [runs[a][s][1][-1][key] - other(s) for s in seeds], start
 
 
-def sd_ratio_ci(x, y, n=10000, seed=0):
-    """sd(x) / sd(y) over paired per-seed values, with a 95% percentile bootstrap interval that resamples seeds (the
-    same resampled seeds for both)."""
-    import numpy as np
-    x, y = np.asarray(x), np.asarray(y)
-    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
-    lo, hi = np.percentile(x[idx].std(1, ddof=1) / np.maximum(y[idx].std(1, ddof=1), 1e-12), [2.5, 97.5])
-    return x.std(ddof=1) / y.std(ddof=1), lo, hi
-
-
 def spread_ratio(runs, a, b):
     """The number of seeds, and sd over seeds of the last-50-step train reward, a / b, with its interval."""
     seeds = common(runs, a, b)
@@ -301,11 +237,12 @@ def claims(runs, setting):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--setting", nargs="+", required=True, help="FOLDER or algo=FOLDER under results/")
+    p.add_argument("--study", required=True, help="the study's folder, e.g. results/tiny60s")
+    p.add_argument("--setting", nargs="+", required=True, help="FOLDER or algo=FOLDER, folders of --study")
     p.add_argument("--md", default=None)
     p.add_argument("--claims", default=None, metavar="NAME", help="add the claims table's rows, setting named NAME")
     a = p.parse_args()
-    runs = load(a.setting)
+    runs = load(a.setting, a.study)
     seeds = {algo: sorted(by_seed) for algo, by_seed in runs.items()}
     lines = [f"{' '.join(a.setting)}: seeds per algorithm {json.dumps(seeds)}.", ""] + (tables(runs) if runs else [])
     lines += ["", "The verdicts of results/README.md use the t-interval. sign-flip p: exact two-sided permutation "

@@ -4,10 +4,9 @@ Each --run is LABEL=FILE[,FILE...]: several files under one label are seeds of t
 drawn as their mean with a min-max band. Left panel: train reward (smoothed over --smooth steps);
 right panel: eval accuracy (lenient, solid; strict, dashed) where the files hold eval lines.
 matplotlib is optional for grpo.py and needed only here: pip install matplotlib
-Usage:
-  python results/plot.py --run grpo=results/smollm2_arith/grpo.jsonl \
-      --run reinforce=results/smollm2_arith/reinforce.jsonl \
-      --png results/smollm2_arith.png --md results/smollm2_arith.md
+Usage, from the repository root:
+  python -m results.plot --run grpo=runs/gsm8k_grpo/metrics.jsonl --run reinforce=runs/gsm8k_reinforce/metrics.jsonl \
+      --png gsm8k.png --md gsm8k.md
 """
 import argparse
 import json

@@ -1,26 +1,24 @@
 """The pass@k spectrum in one figure: after training minus the starting policy, against k, in the
 three settings where it was measured. Reads the raw files only; draws no new samples.
 
-- tiny30, 300 steps (section 4, part 1): RESULTS/tiny30_passk/, 64 answers per question at T = 1.0, 200 questions
-  per seed, band: 95% bootstrap over seeds.
-- tiny60s, 1000 steps (section 4, the horizon): grpo and reinforce at the rates of RESULTS/tiny60s_lr.json (their
-  folders RESULTS/tiny60s_lr<lr>_B16_1000steps_passk/), negative at 3e-4, the same eval at the last step.
-- SmolLM2-135M, 100 steps (section 5, part 4): RESULTS/smollm2_passk/passk.jsonl, 16 answers per question at
-  T = 0.7, 100 questions per seed; with 3 seeds the band resamples questions within each seed (as passk.md's CIs).
+- tiny30, 300 steps (the tiny30 study): results/tiny30/tiny30_lr1e-4_B4_300steps_passk/, 64 answers per question at
+  T = 1.0, 200 questions per seed, band: 95% bootstrap over seeds.
+- tiny60s, 1000 steps (the tiny60s study): grpo and reinforce at the rates of results/tiny60s/lr.json (their folders
+  results/tiny60s/tiny60s_lr<lr>_B16_1000steps_passk/), negative at 3e-4, the same eval at the last step.
+- SmolLM2-135M, 100 steps (the smollm2_arith study):
+  results/smollm2_arith/smollm2_lr1e-5_B2_100steps_passk/passk.jsonl, 16 answers per question at T = 0.7, 100
+  questions per seed; with 3 seeds the band resamples questions within each seed (as passk.md's CIs).
 
-    python results/spectrum.py --png results/spectrum.png
+    python -m results.spectrum --png results/spectrum.png
 """
 import argparse
 import json
 import os
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
-import horizon  # noqa: E402
-import passk  # noqa: E402
-import smollm2_passk  # noqa: E402
+from results.smollm2_arith import smollm2_passk
+from results.stats import band
+from results.tiny30 import passk
+from results.tiny60s import horizon
 
 COLORS = {"grpo": "C0", "reinforce": "C1", "drgrpo_seq": "C2", "negative": "C3"}
 
@@ -48,20 +46,20 @@ def main():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     ks64, ks16 = passk.KS, [1, 2, 4, 8, 16]
-    tiny30, _ = passk.load(os.path.join(HERE, "tiny30_passk"))
+    tiny30, _ = passk.load(os.path.join(passk.HERE, "tiny30_lr1e-4_B4_300steps_passk"))
     start30 = sum(e["pass@1"] for e in tiny30["start"].values()) / len(tiny30["start"])
     panels = [(f"tiny30, 300 steps (start pass@1 {start30:.2f})", ks64,
-               {algo: passk.band([[by_seed[s][f"pass@{k}"] - tiny30["start"][s][f"pass@{k}"] for k in ks64]
+               {algo: band([[by_seed[s][f"pass@{k}"] - tiny30["start"][s][f"pass@{k}"] for k in ks64]
                                   for s in by_seed]) for algo, by_seed in tiny30.items() if algo != "start"},
                f"{len(tiny30['start'])} seeds")]
-    with open(os.path.join(HERE, "tiny60s_lr.json")) as f:
-        lr = json.load(f)  # each algorithm's rate, as run_all.sh 4f reads it
+    with open(os.path.join(horizon.HERE, "lr.json")) as f:
+        lr = json.load(f)  # each algorithm's rate, as run_all.sh reads it
     runs = horizon.load([f"grpo=tiny60s_lr{lr['grpo']['chosen']}_B16_1000steps_passk",
                          f"reinforce=tiny60s_lr{lr['reinforce']['chosen']}_B16_1000steps_passk",
                          "negative=tiny60s_lr3e-4_B16_1000steps_passk"])
     start60 = [ev["pass@1"] for ev in horizon.starts(runs).values()]
     panels.append((f"tiny60s, 1000 steps (start pass@1 {sum(start60) / len(start60):.2f})", ks64,
-                   {algo: passk.band(horizon.end_minus_start(by_seed, ks64)) for algo, by_seed in runs.items()},
+                   {algo: band(horizon.end_minus_start(by_seed, ks64)) for algo, by_seed in runs.items()},
                    ", ".join(f"{algo} {len(by_seed)}" for algo, by_seed in runs.items()) + " seeds"))
     bands, seeds, start = smollm2_bands(ks16)
     panels.append((f"SmolLM2-135M, 100 steps (start pass@1 {start:.2f})", ks16, bands,

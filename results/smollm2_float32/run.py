@@ -6,8 +6,9 @@
 
 Each run is `grpo.py` with FLAGS in a child process on one thread, its folder under runs/smollm2_float32/ (checkpoint
 every 10 steps). A run whose file here exists is skipped; a run stopped part-way continues from its last checkpoint.
-When a run ends its metrics.jsonl is gzipped into this folder (sweep/ or seeds/) and one line is appended to
-runs.jsonl: wall and CPU seconds summed over its attempts, and for each attempt the commit, the CPU model and torch.
+When a run ends its metrics.jsonl is gzipped into this folder as <setting>/<algo>_seed<k>.jsonl.gz, the scheme
+of every study here (setting: smollm2_lr<lr>_B2_<steps>steps), and one line is appended to runs.jsonl: wall and
+CPU seconds summed over its attempts, and for each attempt the commit, the CPU model and torch.
 """
 import argparse
 import gzip
@@ -40,8 +41,8 @@ def machine():
 
 def run_one(kind, algo, lr, seed, steps):
     """One grpo.py run unless its file exists; resumes from its checkpoint where an earlier attempt left one."""
-    name = f"{algo}_lr{lr}_seed{seed}"
-    final = os.path.join(HERE, kind, name + ".jsonl.gz")
+    name = f"{algo}_lr{lr}_seed{seed}"  # its scratch folder's name
+    final = os.path.join(HERE, f"smollm2_lr{lr}_B2_{steps}steps", f"{algo}_seed{seed}.jsonl.gz")
     if os.path.exists(final):
         return
     out = os.path.join(SCRATCH, kind, name)
@@ -90,7 +91,8 @@ def pick(seeds=(100, 101)):
     for algo in ALGOS:
         rows = {}
         for lr in SWEEP_LRS:
-            runs = [train_rewards(os.path.join(HERE, "sweep", f"{algo}_lr{lr}_seed{s}.jsonl.gz")) for s in seeds]
+            setting = os.path.join(HERE, f"smollm2_lr{lr}_B2_{SWEEP_STEPS}steps")
+            runs = [train_rewards(os.path.join(setting, f"{algo}_seed{s}.jsonl.gz")) for s in seeds]
             collapsed = any(sum(r[-10:]) / 10 < sum(r[:10]) / 10 for r in runs)
             last20 = sum(sum(r[-20:]) / 20 for r in runs) / len(runs)
             rows[lr] = {"collapsed": collapsed, "last20": round(last20, 3)}

@@ -1,10 +1,12 @@
-"""Section 5 of results/README.md: SmolLM2-135M-Instruct on arith, grpo vs reinforce, one row per seed.
+"""SmolLM2-135M-Instruct on arith, grpo vs reinforce, 3 seeds (results/README.md, smollm2_arith): one row per seed.
 
-Reads RESULTS/smollm2_arith/<algo>_seed<k>.jsonl.gz (the gzipped metrics.jsonl of each run, written by section 5
-of run_all.sh) and writes a markdown table (per seed, then the mean and range over seeds) and a plot: train reward
-and entropy (10-step trailing mean, one thin line per seed, the mean thick) and the greedy eval accuracy.
+Reads FOLDER/<algo>_seed<k>.jsonl.gz (the gzipped metrics.jsonl of each run, written by the smollm2_arith part of
+run_all.sh; FOLDER: --folder, smollm2_lr1e-5_B2_100steps/ here by default) and writes a markdown table (per seed,
+then the mean and range over seeds) and a plot: train reward and entropy (10-step trailing mean, one thin line per
+seed, the mean thick) and the greedy eval accuracy.
 
-    python results/smollm2_seeds.py --md results/smollm2_arith/seeds.md --png results/smollm2_arith/seeds.png
+    python -m results.smollm2_arith.smollm2_seeds --md results/smollm2_arith/smollm2_lr1e-5_B2_100steps/seeds.md \
+        --png results/smollm2_arith/smollm2_lr1e-5_B2_100steps/seeds.png
 """
 import argparse
 import glob
@@ -13,9 +15,9 @@ import re
 import statistics
 import sys
 
+from results.stats import moving_average, read_run, t_interval
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from seeds import moving_average, read_run  # noqa: E402
 
 ALGOS = ("grpo", "reinforce")
 
@@ -44,7 +46,8 @@ def load(folder):
                        key=lambda p: int(re.search(r"seed(\d+)", p).group(1)))
         runs[algo] = [run_row(p) for p in paths]
     if not any(runs.values()):
-        sys.exit(f"error: no <algo>_seed<k>.jsonl.gz files in {folder}; run section 5 of results/run_all.sh first")
+        sys.exit(f"error: no <algo>_seed<k>.jsonl.gz files in {folder}; run the smollm2_arith part of "
+                 "results/run_all.sh first")
     return runs
 
 
@@ -88,8 +91,7 @@ def table(runs):
                           r["reward_last"] - g["reward_last"], r["entropy_last"] - g["entropy_last"]])
             lines.append(f"| {r['seed']} | {diffs[-1][0]:+.3f} (step {last}) | " + " | ".join(
                 f"{x:+.3f}" for x in diffs[-1][1:]) + " |")
-    if len(diffs) >= 2:  # the verdict rule's interval over seeds (paired.py); with 3 seeds a sign-flip p is >= 0.25
-        from paired import t_interval
+    if len(diffs) >= 2:  # the verdict rule's interval over seeds (stats.py); with 3 seeds a sign-flip p is >= 0.25
         cells = [t_interval([d[i] for d in diffs]) for i in range(4)]
         lines.append("| mean [95% t-interval] | " + " | ".join(
             f"{statistics.mean(d[i] for d in diffs):+.3f} [{lo:+.3f}, {hi:+.3f}]" for i, (lo, hi) in enumerate(cells))
@@ -134,7 +136,7 @@ def plot(runs, png):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--folder", default=os.path.join(HERE, "smollm2_arith"))
+    p.add_argument("--folder", default=os.path.join(HERE, "smollm2_lr1e-5_B2_100steps"))
     p.add_argument("--md", required=True)
     p.add_argument("--png", required=True)
     a = p.parse_args()

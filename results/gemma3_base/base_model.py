@@ -5,24 +5,22 @@ ending at the first "Question:" the model writes (grpo.BASE_STOP).
 One line of JSON per setting is appended to --out (a setting already there is skipped, so the command can be
 stopped and started again), then the table is printed:
 
-    python results/base_model.py --model gemma-3-270m-q4_k_m.gguf --settings arith:0 arith:4 gsm8k:0 gsm8k:4 \
-        --out results/gemma3_base/start.jsonl
+    python -m results.gemma3_base.base_model --model gemma-3-270m-q4_k_m.gguf \
+        --settings arith:0 arith:4 gsm8k:0 gsm8k:4 --out results/gemma3_base/start.jsonl
 """
 
 import argparse
 import json
 import os
-import sys
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
 import grpo  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 DATASETS = {"arith": ("arith", 64), "gsm8k": (os.path.join(ROOT, "..", "shared", "gsm8k"), 256)}  # max new tokens
 

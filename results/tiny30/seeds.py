@@ -2,11 +2,12 @@
 
 Runs `grpo.py` once per (policy, algorithm, learning rate, seed), each in a child process forked from this one
 (grpo.main with the same argv as the command line; forking skips re-importing torch and transformers),
-one at a time, on one thread. Every run writes RESULTS/<setting>/<algo>_seed<k>.jsonl.gz, the gzipped
-metrics.jsonl of the run (config line first), with <setting> = <policy>_lr<lr>, e.g. tiny30_lr3e-05. A run whose
-file exists is skipped, so every command here can be stopped and started again; a run cut short is redone
-from its last checkpoint (every 100 steps, in SCRATCH; grpo.py's resume is exact). Each finished run's wall and CPU
-seconds, summed over its attempts, are appended to RESULTS/seeds_runs.jsonl.
+one at a time, on one thread. Every run writes STUDY/<setting>/<algo>_seed<k>.jsonl.gz, the gzipped
+metrics.jsonl of the run (config line first), STUDY being --study (this folder, results/tiny30, by default) and
+<setting> = <policy>_lr<lr>_B<questions per step>_<steps>steps, with _passk added for runs with sampled evals, e.g.
+tiny30_lr3e-5_B4_300steps (setting_name). A run whose file exists is skipped, so every command here can be stopped
+and started again; a run cut short is redone from its last checkpoint (every 100 steps, in SCRATCH; grpo.py's resume
+is exact). Each finished run's wall and CPU seconds, summed over its attempts, are appended to STUDY/runs.jsonl.
 
 Algorithms (identical flags otherwise, FLAGS below):
     grpo        --algo grpo                        adv = (r - mean) / (std + eps), loss 1/G sum_i 1/|o_i| sum_t
@@ -15,31 +16,33 @@ Algorithms (identical flags otherwise, FLAGS below):
     negative    --algo negative                    adv = r - 1: only wrong answers pushed down;
                                                    not in `pipeline`, which runs the three above
 
-pass@k spectrum: `run --eval-samples K` adds --eval-samples K --eval-temperature 1.0
---eval-every 0 (eval at step 0 and at the end only) and writes to RESULTS/<policy>_passk/ instead; summarized
-by results/passk.py.
+pass@k spectrum: `run --eval-samples K` adds --eval-samples K --eval-temperature 1.0 --eval-every E (E = 0, eval at
+step 0 and at the end only, at 4 questions per step and 300 steps; else a quarter of the run); summarized by
+results/tiny30/passk.py and results/tiny60s/horizon.py.
 
-Usage:
-    python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 3e-5 --seeds 0-4
-    python results/seeds.py run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
-        --algos grpo reinforce drgrpo_seq negative --eval-samples 64   # -> results/tiny30_passk/
-    python results/seeds.py pipeline                       # the whole study, in order, resumable (see `pipeline`)
-    python results/seeds.py summarize --setting tiny30_lr3e-05 --md out.md --png out.png
+Usage, from the repository root:
+    python -m results.tiny30.seeds run --policy tiny30=results/tiny_policy/ckpt30 --lr 3e-5 --seeds 0-4
+    python -m results.tiny30.seeds run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
+        --algos grpo reinforce drgrpo_seq negative --eval-samples 64   # -> tiny30_lr1e-4_B4_300steps_passk/
+    python -m results.tiny30.seeds pipeline                # the whole study, in order, resumable (see `pipeline`)
+    python -m results.tiny30.seeds summarize --setting tiny30_lr3e-5_B4_300steps --md out.md --png out.png
+    python -m results.tiny30.seeds run --study results/tiny60s ...   # another study's runs, in its folder
 """
 import argparse
 import gzip
 import json
-import math
 import os
 import shutil
 import statistics
 import sys
 import time
 
+from results.stats import (TIMING, band, bootstrap_ci, fmt_steps, lr_name, moving_average, parse_seeds, read_run,
+                           steps_to)
+
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+ROOT = os.path.dirname(os.path.dirname(HERE))
 
 ALGOS = {"grpo": ["--algo", "grpo"], "reinforce": ["--algo", "reinforce"],
          "drgrpo_seq": ["--algo", "drgrpo", "--loss-agg", "seq"], "negative": ["--algo", "negative"]}
@@ -56,21 +59,10 @@ SCRATCH = os.environ.get("SEEDS_SCRATCH", os.path.join(ROOT, "runs", "seeds_scra
 SAVE_EVERY = 100  # steps between checkpoints: a run stopped by the end of a session continues from the last one
 
 
-def lr_name(lr):
-    return f"{lr:.0e}".replace("e-0", "e-")  # 3e-05 -> 3e-5
-
-
-def setting_name(policy, lr):
-    return f"{policy}_lr{lr_name(lr)}"
-
-
-def parse_seeds(spec):
-    """'0-4' or '0,3,5' or '7'."""
-    out = []
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        out += list(range(int(lo), int(hi or lo) + 1))
-    return out
+def setting_name(policy, lr, steps=STEPS, batch_prompts=BATCH_PROMPTS, eval_samples=0):
+    """The folder of a grid's runs, one scheme for every study:
+    <policy>_lr<lr>_B<questions per step>_<steps>steps, with _passk added for runs with sampled evals."""
+    return f"{policy}_lr{lr_name(lr)}_B{batch_prompts}_{steps}steps" + ("_passk" if eval_samples else "")
 
 
 # --------------------------------------------------------------------------------------------------
@@ -83,24 +75,15 @@ def passk_flags(k, every=0):
     return ["--eval-samples", str(k), "--eval-temperature", "1.0", "--eval-every", str(every)] if k else []
 
 
-def run_setting(policy, lr, steps, eval_samples, batch_prompts):
-    """The folder name of a grid's runs: <policy>_lr<lr> (section 4), <policy>_passk (the pass@k spectrum), and
-    for another batch size or step count (the horizon runs)
-    <policy>_lr<lr>_B<questions per step>_<steps>steps[_passk]."""
-    if (batch_prompts, steps) == (BATCH_PROMPTS, STEPS):
-        return f"{policy}_passk" if eval_samples else setting_name(policy, lr)
-    return f"{setting_name(policy, lr)}_B{batch_prompts}_{steps}steps" + ("_passk" if eval_samples else "")
-
-
-def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0, batch_prompts=None):
+def run_one(study, policy, path, algo, lr, seed, steps, eval_samples=0, batch_prompts=None):
     """Run grpo.py for one (policy, algo, lr, seed) unless its file exists. Returns (wall_s, cpu_s) or None.
     eval_samples > 0: the pass@k spectrum runs (passk_flags); at the FLAGS batch size and step count they evaluate
     at step 0 and the end only, else also at 25, 50 and 75% of the run. batch_prompts: questions per step, FLAGS's
     4 if None, the whole batch in one micro-batch either way."""
     batch_prompts = batch_prompts or BATCH_PROMPTS
-    setting = run_setting(policy, lr, steps, eval_samples, batch_prompts)
+    setting = setting_name(policy, lr, steps, batch_prompts, eval_samples)
     every = 0 if (batch_prompts, steps) == (BATCH_PROMPTS, STEPS) else steps // 4
-    final = os.path.join(results, setting, f"{algo}_seed{seed}.jsonl.gz")
+    final = os.path.join(study, setting, f"{algo}_seed{seed}.jsonl.gz")
     if os.path.exists(final):
         return None
     out = os.path.join(SCRATCH, setting, f"{algo}_seed{seed}")
@@ -165,20 +148,17 @@ def run_one(results, policy, path, algo, lr, seed, steps, eval_samples=0, batch_
     os.replace(final + ".tmp", final)  # the file appears only once complete
     shutil.rmtree(out)
     os.remove(log)
-    with open(os.path.join(results, "seeds_runs.jsonl"), "a") as f:
+    with open(os.path.join(study, "runs.jsonl"), "a") as f:
         f.write(json.dumps({"setting": setting, "algo": algo, "seed": seed, "steps": steps,
                             "batch_prompts": batch_prompts, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}) + "\n")
     print(f"{setting} {algo} seed {seed}: {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
     return wall, cpu
 
 
-TIMING = {"step_s", "gen_s", "gen_tok_per_s"}  # per-step timings: they differ between two runs of one seed
-
-
 def compact(x):
     """A metrics.jsonl record as stored: floats to 6 significant digits (float32 holds about 7) and no per-step
-    timings (each run's wall and CPU seconds are in seeds_runs.jsonl); 60% smaller gzipped. Files written before
-    this rule keep every digit."""
+    timings (stats.TIMING; each run's wall and CPU seconds are in runs.jsonl); 60% smaller gzipped. Of the stored
+    files only those of the tiny60s 1000-step settings are compact; the others keep every digit and their timings."""
     if isinstance(x, float):
         return float(f"{x:.6g}")
     if isinstance(x, list):
@@ -198,39 +178,19 @@ def preload():
     import tqdm  # noqa: F401
 
 
-def run_grid(results, policies, lrs, seeds, algos, steps, eval_samples=0, batch_prompts=None):
+def run_grid(study, policies, lrs, seeds, algos, steps, eval_samples=0, batch_prompts=None):
     """Seeds in the outer loop, so a grid stopped half-way holds the same seeds for every algorithm."""
     for seed in seeds:
         for policy, path in policies:
             for lr in lrs:
                 for algo in algos:
                     lr_here = lr[algo] if isinstance(lr, dict) else lr
-                    run_one(results, policy, path, algo, lr_here, seed, steps, eval_samples, batch_prompts)
+                    run_one(study, policy, path, algo, lr_here, seed, steps, eval_samples, batch_prompts)
 
 
 # --------------------------------------------------------------------------------------------------
 # Summary: per-run numbers, bootstrap CIs over seeds, a markdown table, a plot.
 # --------------------------------------------------------------------------------------------------
-
-def read_run(path):
-    with gzip.open(path, "rt") as f:
-        lines = [json.loads(line) for line in f]
-    return lines[0], [x for x in lines if x["type"] == "train"], [x for x in lines if x["type"] == "eval"]
-
-
-def moving_average(x, k=10):
-    """Trailing mean over k steps; entry i is the mean of steps i-k+2 .. i+1 (1-based), defined from step k on."""
-    import numpy as np
-    c = np.cumsum(np.insert(np.asarray(x, float), 0, 0.0))
-    return (c[k:] - c[:-k]) / k
-
-
-def steps_to(rewards, threshold, k=10):
-    """First step (1-based) at which the 10-step trailing mean train reward reaches threshold; inf if never."""
-    import numpy as np
-    hit = np.nonzero(moving_average(rewards, k) >= threshold)[0]
-    return float(hit[0] + k) if len(hit) else math.inf
-
 
 def run_numbers(path):
     config, train, evals = read_run(path)
@@ -250,40 +210,28 @@ def run_numbers(path):
             "step_s": sorted(x["step_s"] for x in train)[len(train) // 2] if "step_s" in train[0] else None}
 
 
-def bootstrap_ci(values, n=10000, seed=0, stat=None):
-    """95% percentile bootstrap CI of the mean (or `stat`) over the given per-seed values."""
-    import numpy as np
-    x = np.asarray(values, float)
-    if len(x) == 0:
-        return math.nan, math.nan
-    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
-    stats = x[idx].mean(1) if stat is None else np.apply_along_axis(stat, 1, x[idx])
-    lo, hi = np.percentile(stats, [2.5, 97.5])
-    return float(lo), float(hi)
-
-
-def load_setting(results, setting, seeds=None, algos=None):
-    """{algo: [run_numbers, ...]} for the algos with files in RESULTS/setting, restricted to `seeds` if given."""
+def load_setting(study, setting, seeds=None, algos=None):
+    """{algo: [run_numbers, ...]} for the algos with files in STUDY/setting, restricted to `seeds` if given."""
     runs = {}
     for algo in algos or ALGOS:
         found = []
-        for name in sorted(os.listdir(os.path.join(results, setting))):
+        for name in sorted(os.listdir(os.path.join(study, setting))):
             if name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz"):
                 seed = int(name[len(f"{algo}_seed"):-len(".jsonl.gz")])
                 if seeds is None or seed in seeds:
-                    found.append(run_numbers(os.path.join(results, setting, name)))
+                    found.append(run_numbers(os.path.join(study, setting, name)))
         if found:
             runs[algo] = sorted(found, key=lambda x: x["seed"])
     return runs
 
 
-def load_group(results, settings, seeds=None):
+def load_group(study, settings, seeds=None):
     """settings: one setting name (every algo from it) or {algo: setting} (each algo from its own setting)."""
     if isinstance(settings, str):
-        return load_setting(results, settings, seeds)
+        return load_setting(study, settings, seeds)
     runs = {}
     for algo, setting in settings.items():
-        runs.update(load_setting(results, setting, seeds, [algo]))
+        runs.update(load_setting(study, setting, seeds, [algo]))
     return runs
 
 
@@ -291,17 +239,6 @@ def fmt_ci(values, digits=3):
     import numpy as np
     lo, hi = bootstrap_ci(values)
     return f"{np.mean(values):.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
-
-
-def fmt_steps(values):
-    import numpy as np
-    reached = [v for v in values if math.isfinite(v)]
-    median = float(np.median(values))  # never = inf, so a median over all seeds
-    med = f"{median:.0f}" if math.isfinite(median) else "never"
-    if not reached:
-        return f"0/{len(values)}; median never"
-    lo, hi = bootstrap_ci(reached)
-    return f"{len(reached)}/{len(values)}: {np.mean(reached):.0f} [{lo:.0f}, {hi:.0f}]; median {med}"
 
 
 def table(runs, title):
@@ -342,15 +279,6 @@ def paired_table(runs, base="grpo"):
     return lines
 
 
-def band(curves, n=2000, seed=0):
-    """Per-step mean and 95% bootstrap band over seeds of equal-length curves (seeds x steps)."""
-    import numpy as np
-    x = np.asarray(curves, float)
-    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
-    means = x[idx].mean(1)  # n x steps
-    return x.mean(0), np.percentile(means, 2.5, 0), np.percentile(means, 97.5, 0)
-
-
 def plot(groups, png):
     """groups: [(title, runs)], one row of panels each: train reward and entropy vs step, each the 10-step trailing
     mean per run, then the mean over seeds with a 95% bootstrap band."""
@@ -363,7 +291,7 @@ def plot(groups, png):
         for algo, rs in runs.items():
             n = min(r["steps"] for r in rs)
             for ax, key in ((ax_r, "reward"), (ax_e, "entropy")):
-                mean, lo, hi = band([moving_average(r[key][:n]) for r in rs])
+                mean, lo, hi = band([moving_average(r[key][:n]) for r in rs], n=2000)
                 steps = np.arange(10, 10 + len(mean))
                 line, = ax.plot(steps, mean, label=f"{algo} (n={len(rs)})")
                 ax.fill_between(steps, lo, hi, alpha=0.2, color=line.get_color())
@@ -377,12 +305,12 @@ def plot(groups, png):
     plt.close(fig)
 
 
-def summarize(results, groups, seeds, md, png, header=""):
+def summarize(study, groups, seeds, md, png, header=""):
     """groups: [(title, settings)] with settings as in load_group. Writes the tables to md and the curves to png."""
     lines = [header, ""] if header else []
     loaded = []
     for title, settings in groups:
-        runs = load_group(results, settings, seeds)
+        runs = load_group(study, settings, seeds)
         if not runs:
             continue
         lines += table(runs, title) + paired_table(runs) + [""]
@@ -403,11 +331,11 @@ def summarize(results, groups, seeds, md, png, header=""):
     return loaded
 
 
-def best_lrs(results, policy, lrs, seeds):
+def best_lrs(study, policy, lrs, seeds, steps=STEPS):
     """Per algo, the lr with the highest mean AUC over seeds; and the common lr: highest AUC averaged over algos."""
     auc = {}
     for lr in lrs:
-        for algo, rs in load_setting(results, setting_name(policy, lr), seeds).items():
+        for algo, rs in load_setting(study, setting_name(policy, lr, steps), seeds).items():
             auc.setdefault(algo, {})[lr] = sum(r["auc"] for r in rs) / len(rs)
     best = {algo: max(by_lr, key=by_lr.get) for algo, by_lr in auc.items()}
     common = max(lrs, key=lambda lr: sum(auc[a][lr] for a in auc) / len(auc))
@@ -419,33 +347,34 @@ def best_lrs(results, policy, lrs, seeds):
 # --------------------------------------------------------------------------------------------------
 
 def pipeline(a):
-    results = a.results
+    study = a.study
     tiny30 = ("tiny30", POLICIES["tiny30"])
     tiny05 = ("tiny05", POLICIES["tiny05"])
     sweep_seeds = parse_seeds(a.sweep_seeds)
     all_seeds = parse_seeds(a.seeds)
+    name = lambda policy, lr: setting_name(policy, lr, a.steps)  # noqa: E731
     print(f"phase 1: lr sweep on tiny30, lrs {a.lrs}, seeds {a.sweep_seeds}", flush=True)
-    run_grid(results, [tiny30], a.lrs, sweep_seeds, PIPELINE_ALGOS, a.steps)
-    best, common, auc = best_lrs(results, "tiny30", a.lrs, sweep_seeds)
-    with open(os.path.join(results, "seeds_lr.json"), "w") as f:
+    run_grid(study, [tiny30], a.lrs, sweep_seeds, PIPELINE_ALGOS, a.steps)
+    best, common, auc = best_lrs(study, "tiny30", a.lrs, sweep_seeds, a.steps)
+    with open(os.path.join(study, "lr.json"), "w") as f:
         json.dump({"best": best, "common": common, "auc": {k: {lr_name(lr): v for lr, v in d.items()}
                                                               for k, d in auc.items()}}, f, indent=1)
-    summarize(results, [(setting_name("tiny30", lr), setting_name("tiny30", lr)) for lr in a.lrs], sweep_seeds,
-              os.path.join(results, "seeds_sweep.md"), os.path.join(results, "seeds_sweep.png"),
+    summarize(study, [(name("tiny30", lr), name("tiny30", lr)) for lr in a.lrs], sweep_seeds,
+              os.path.join(study, "sweep.md"), os.path.join(study, "sweep.png"),
               f"Learning-rate sweep on tiny30, seeds {a.sweep_seeds}, {a.steps} steps")
     print(f"best lr per algo {best}, common lr {common}", flush=True)
     print("phase 2: 20 seeds at the common lr, tiny30 and tiny05", flush=True)
-    run_grid(results, [tiny30, tiny05], [common], all_seeds, PIPELINE_ALGOS, a.steps)
-    summarize(results, [(setting_name(p, common), setting_name(p, common)) for p in ("tiny30", "tiny05")], all_seeds,
-              os.path.join(results, "seeds_common.md"), os.path.join(results, "seeds_common.png"),
+    run_grid(study, [tiny30, tiny05], [common], all_seeds, PIPELINE_ALGOS, a.steps)
+    summarize(study, [(name(p, common), name(p, common)) for p in ("tiny30", "tiny05")], all_seeds,
+              os.path.join(study, "common.md"), os.path.join(study, "common.png"),
               f"All algorithms at the common lr {lr_name(common)}, seeds {a.seeds}, {a.steps} steps")
     print("phase 3: 20 seeds at each algorithm's best lr (where it is not the common one)", flush=True)
-    run_grid(results, [tiny30, tiny05], [best], all_seeds, [x for x in PIPELINE_ALGOS if best[x] != common],
+    run_grid(study, [tiny30, tiny05], [best], all_seeds, [x for x in PIPELINE_ALGOS if best[x] != common],
              a.steps)
     if any(best[x] != common for x in PIPELINE_ALGOS):
-        summarize(results, [(f"{p}, best lr per algo", {x: setting_name(p, best[x]) for x in PIPELINE_ALGOS})
-                            for p in ("tiny30", "tiny05")], all_seeds,
-                  os.path.join(results, "seeds_best.md"), os.path.join(results, "seeds_best.png"),
+        summarize(study, [(f"{p}, best lr per algo", {x: name(p, best[x]) for x in PIPELINE_ALGOS})
+                          for p in ("tiny30", "tiny05")], all_seeds,
+                  os.path.join(study, "best.md"), os.path.join(study, "best.png"),
                   f"Each algorithm at its own best lr "
                   f"{{{', '.join(f'{x}: {lr_name(best[x])}' for x in PIPELINE_ALGOS)}}}, "
                   f"seeds {a.seeds}, {a.steps} steps")
@@ -454,7 +383,8 @@ def pipeline(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--results", default=HERE, help="where the <setting>/ folders go")
+    p.add_argument("--study", default=HERE, help="the study folder: where the <setting>/ folders and runs.jsonl go "
+                                                "(default: this one, results/tiny30)")
     sub = p.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="a grid of runs")
     r.add_argument("--policy", action="append", required=True, help="NAME=DIR, e.g. tiny30=results/tiny_policy/ckpt30")
@@ -464,9 +394,10 @@ def main():
     r.add_argument("--steps", type=int, default=STEPS)
     r.add_argument("--eval-samples", type=int, default=0,
                    help="K > 0: the pass@k spectrum runs (K sampled answers per eval question, eval at step 0 and "
-                        "the end only), written to <policy>_passk/")
+                        "the end only at 4 questions and 300 steps, else every quarter), written to "
+                        "<policy>_lr<lr>_B<B>_<steps>steps_passk/")
     r.add_argument("--batch-prompts", type=int, default=BATCH_PROMPTS,
-                   help="questions per step; another value (or --steps) writes to <policy>_lr<lr>_B<B>_<steps>steps/")
+                   help="questions per step (the setting's B)")
     q = sub.add_parser("pipeline", help="lr sweep on tiny30, then 20 seeds at the common and at the best lrs")
     q.add_argument("--lrs", type=float, nargs="+", default=[3e-5, 1e-4, 3e-4])
     q.add_argument("--sweep-seeds", default="0-4")
@@ -479,16 +410,16 @@ def main():
     s.add_argument("--png", default=None)
     s.add_argument("--header", default="")
     a = p.parse_args()
-    a.results = os.path.abspath(a.results)
+    a.study = os.path.abspath(a.study)
     os.chdir(ROOT)  # policies are given relative to the repository root
     if a.cmd == "summarize":
-        summarize(a.results, [(x, x) for x in a.setting], parse_seeds(a.seeds) if a.seeds else None, a.md, a.png,
+        summarize(a.study, [(x, x) for x in a.setting], parse_seeds(a.seeds) if a.seeds else None, a.md, a.png,
                   a.header)
         return
     preload()
     if a.cmd == "run":
         policies = [tuple(x.split("=", 1)) for x in a.policy]
-        run_grid(a.results, policies, a.lr, parse_seeds(a.seeds), a.algos, a.steps, a.eval_samples, a.batch_prompts)
+        run_grid(a.study, policies, a.lr, parse_seeds(a.seeds), a.algos, a.steps, a.eval_samples, a.batch_prompts)
     else:
         pipeline(a)
 

@@ -1,5 +1,5 @@
 """The learning rate of each algorithm for the tiny60s horizon runs, by the rule fixed before the sweep's first run
-finished, from the sweep's files RESULTS/tiny60s_lr<lr>_B16_500steps_passk/<algo>_seed<k>.jsonl.gz:
+finished, from the sweep's files results/tiny60s/tiny60s_lr<lr>_B16_500steps_passk/<algo>_seed<k>.jsonl.gz:
 
   a rate is out if on any seed the mean train reward of steps 451-500 is below that of steps 1-50 (a collapse);
   of the rest, the rate with the highest train reward over steps 401-500, averaged over seeds 0-2, is the algorithm's.
@@ -7,16 +7,15 @@ finished, from the sweep's files RESULTS/tiny60s_lr<lr>_B16_500steps_passk/<algo
 Train reward only: the held-out questions play no part in the choice. An algorithm whose 9 runs are not all there
 gets no rate yet.
 
-    python results/pick_lr.py --md results/tiny60s_lr_sweep.md --json results/tiny60s_lr.json
+    python -m results.tiny60s.pick_lr --md results/tiny60s/lr_sweep.md --json results/tiny60s/lr.json
 """
 import argparse
 import json
 import os
-import sys
+
+from results.stats import lr_name, read_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from seeds import lr_name, read_run  # noqa: E402
 
 LRS = [1e-4, 3e-4, 1e-3]
 SEEDS = [0, 1, 2]
@@ -32,13 +31,13 @@ def numbers(path):
             "kl": sum(x["kl"] for x in train[-20:]) / 20}
 
 
-def pick(results, policy="tiny60s"):
+def pick(study, policy="tiny60s"):
     """{algo: {"rates": {lr: {seed: numbers}}, "out": [lr], "mean_last100": {lr: mean}, "chosen": lr or None}}."""
     out = {}
     for algo in ALGOS:
         rates = {}
         for lr in LRS:
-            folder = os.path.join(results, f"{policy}_lr{lr_name(lr)}_B16_500steps_passk")
+            folder = os.path.join(study, f"{policy}_lr{lr_name(lr)}_B16_500steps_passk")
             for seed in SEEDS:
                 path = os.path.join(folder, f"{algo}_seed{seed}.jsonl.gz")
                 if os.path.exists(path):
@@ -70,11 +69,11 @@ def table(choice):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--results", default=HERE)
+    p.add_argument("--study", default=HERE, help="the folder of the sweep's settings (default: this one)")
     p.add_argument("--md", default=None)
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    choice = pick(a.results)
+    choice = pick(a.study)
     lines = ["Learning-rate sweep for the tiny60s horizon runs: 500 steps, 16 questions x 8 answers per step, seeds "
              "0-2. Rule (fixed before the first run finished): a rate is out if on any seed the train reward of "
              "steps 451-500 is below that of steps 1-50; of the rest, the highest train reward over steps 401-500, "

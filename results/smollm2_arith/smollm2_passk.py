@@ -1,31 +1,29 @@
 """SmolLM2-135M-Instruct on arith across the pass@k spectrum: pass@k for k = 1, 2, 4, 8, 16 and
 maj@16 of 16 answers per question sampled at the training temperature (0.7), on the first 100 held-out questions of
-each seed, for the starting policy and for the final model of each 100-step run of section 5's command (rerun into
-runs/smollm2_passk/, metrics in RESULTS/smollm2_passk/<algo>_seed<k>.jsonl.gz).
+each seed, for the starting policy and for the final model of each 100-step run of the 3-seed command (run into
+runs/smollm2_passk/, metrics in FOLDER = smollm2_lr1e-5_B2_100steps_passk/<algo>_seed<k>.jsonl.gz here).
 
-`eval` runs grpo.py's own evaluate (the section-5 flags plus --eval-n 100 --eval-samples 16; the sampler is seeded
-from --seed, so every policy of one seed is judged on the same questions with the same sampler seed) and appends
-one line to RESULTS/smollm2_passk/passk.jsonl; a name already there is skipped. `summarize` writes the tables,
-including the new runs' train lines against section 5's files (results/smollm2_arith/).
+`eval` runs grpo.py's own evaluate (the 3-seed command's flags plus --eval-n 100 --eval-samples 16; the sampler is
+seeded from --seed, so every policy of one seed is judged on the same questions with the same sampler seed) and
+appends one line to FOLDER/passk.jsonl; a name already there is skipped. `summarize` writes the tables, including
+these runs' train lines against those of the same command in OTHER = smollm2_lr1e-5_B2_100steps/.
 
-    python results/smollm2_passk.py eval --name grpo_seed0 --model runs/smollm2_passk/grpo_seed0 --seed 0
-    python results/smollm2_passk.py eval --name start_seed0 --model smollm2 --seed 0
-    python results/smollm2_passk.py summarize --md results/smollm2_passk/passk.md
+    python -m results.smollm2_arith.smollm2_passk eval --name grpo_seed0 --model runs/smollm2_passk/grpo_seed0 --seed 0
+    python -m results.smollm2_arith.smollm2_passk eval --name start_seed0 --model smollm2 --seed 0
+    python -m results.smollm2_arith.smollm2_passk summarize \
+        --md results/smollm2_arith/smollm2_lr1e-5_B2_100steps_passk/passk.md
 """
 import argparse
 import json
 import os
-import sys
 import time
+
+from results.stats import TIMING, read_run
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-sys.path.insert(0, HERE)
-from seeds import TIMING, read_run  # noqa: E402
-
-FOLDER = os.path.join(HERE, "smollm2_passk")
-SECTION5 = os.path.join(HERE, "smollm2_arith")
+FOLDER = os.path.join(HERE, "smollm2_lr1e-5_B2_100steps_passk")
+OTHER = os.path.join(HERE, "smollm2_lr1e-5_B2_100steps")
 RECORDS = os.path.join(FOLDER, "passk.jsonl")
 ALGOS = ["grpo", "reinforce"]
 K, N = 16, 100
@@ -114,7 +112,7 @@ def summarize(md):
     policies = {"start": {s: records[f"start_seed{s}"] for s in seeds}}
     policies.update({a: {s: records[f"{a}_seed{s}"] for s in seeds} for a in ALGOS})
     head = "| policy | seed | " + " | ".join(c.replace("acc_lenient", "greedy") for c in COLS) + " | seconds |"
-    lines = [f"SmolLM2-135M-Instruct on arith, section 5's command (100 steps, lr 1e-5, T 0.7); {K} answers per "
+    lines = [f"SmolLM2-135M-Instruct on arith, the 3-seed command (100 steps, lr 1e-5, T 0.7); {K} answers per "
              f"question sampled at T = 0.7 on the first {N} held-out questions of each seed; seeds {seeds}.", "",
              head, "|---|---|" + "---|" * (len(COLS) + 1)]
     for name, by_seed in policies.items():
@@ -152,13 +150,14 @@ def summarize(md):
             span = lambda x: "[{:+.3f}, {:+.3f}]".format(*np.percentile(x, [2.5, 97.5]))  # noqa: E731
             lines.append(f"| {a} - {b} | {k} | " + " | ".join(f"{d.mean():+.3f}" for d in per_question(
                 policies[b], policies[a], k)) + f" | {mean:+.3f} | {span(boots)} | {span(hier)} |")
-    lines += ["", "The new runs against section 5's (results/smollm2_arith/), same command and seed:", "",
-              "| run | step-0 greedy (new / section 5) | train lines equal | train reward AUC (new / section 5) "
-              "| entropy, last 10 (new / section 5) | greedy lenient, step 100 (new / section 5) |",
+    lines += ["", "These runs (here) against the same command's runs in "
+              "results/smollm2_arith/smollm2_lr1e-5_B2_100steps/ (other), same seed:", "",
+              "| run | step-0 greedy (here / other) | train lines equal | train reward AUC (here / other) "
+              "| entropy, last 10 (here / other) | greedy lenient, step 100 (here / other) |",
               "|---|---|---|---|---|---|"]
     for a in ALGOS:
         for s in seeds:
-            (_, *new), (_, *old) = (read_run(os.path.join(d, f"{a}_seed{s}.jsonl.gz")) for d in (FOLDER, SECTION5))
+            (_, *new), (_, *old) = (read_run(os.path.join(d, f"{a}_seed{s}.jsonl.gz")) for d in (FOLDER, OTHER))
             tr, ev = zip(new, old)
             untimed = lambda x: {k: v for k, v in x.items() if k not in TIMING}  # noqa: E731
             same = sum(untimed(x) == untimed(y) for x, y in zip(*tr))

@@ -1,31 +1,30 @@
-"""A horizon where learning finishes: the pass@k spectrum along training, from RESULTS/<setting>/.
+"""A horizon where learning finishes: the pass@k spectrum along training, from results/tiny60s/<setting>/.
 
-Each file <algo>_seed<k>.jsonl.gz there is one `seeds.py run --eval-samples 64 --batch-prompts B --steps S` run,
-with eval lines at steps 0, S/4, S/2, 3S/4 and S: pass@k for k = 1, 2, .., 64 from 64 answers per question sampled
-at T = 1.0, maj@64 and greedy accuracy, on the 200 held-out questions of that seed. The step-0 evals of all
-algorithms on a seed are the same draw (same policy, same sampler seed); this script checks that.
+Each file <algo>_seed<k>.jsonl.gz there is one `results.tiny30.seeds run --eval-samples 64 --batch-prompts B
+--steps S` run, with eval lines at steps 0, S/4, S/2, 3S/4 and S: pass@k for k = 1, 2, .., 64 from 64 answers per
+question sampled at T = 1.0, maj@64 and greedy accuracy, on the 200 held-out questions of that seed. The step-0 evals
+of all algorithms on a seed are the same draw (same policy, same sampler seed); this script checks that.
 
 Tables: the train reward per quarter of the run and the paired differences between algorithms in each quarter
 (does an early lead survive to the end?); pass@k, maj@64 and greedy accuracy at each eval; their paired differences
-against the starting policy and between algorithms. CIs: 95% percentile bootstrap over seeds (seeds.bootstrap_ci);
+against the starting policy and between algorithms. CIs: 95% percentile bootstrap over seeds (stats.bootstrap_ci);
 each seed has its own 200 questions, not resampled within a seed. Steps to 0.5 and 0.8 come from
-`seeds.py summarize` on the same setting.
+`results.tiny30.seeds summarize` on the same setting.
 
-Usage:
-    python results/horizon.py --setting grpo=tiny60s_lr1e-4_B16_1000steps_passk \
+Usage (settings are folders of --study, results/tiny60s by default):
+    python -m results.tiny60s.horizon --setting grpo=tiny60s_lr1e-4_B16_1000steps_passk \
       reinforce=tiny60s_lr1e-4_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk --md OUT.md --png OUT.png
-    python results/horizon.py --sweep --setting tiny30_lr3e-4_B16_500steps_passk tiny30_lr1e-3_B16_500steps_passk
+    python -m results.tiny60s.horizon --sweep --setting tiny30_lr3e-4_B16_500steps_passk \
+      tiny30_lr1e-3_B16_500steps_passk
 """
 import argparse
 import json
 import os
-import sys
+
+from results import paired
+from results.stats import ALGOS, band, ci, fmt_steps, moving_average, read_run, sd_ratio, steps_to
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-import paired  # noqa: E402
-from passk import band, ci  # noqa: E402
-from seeds import ALGOS, moving_average, read_run, steps_to  # noqa: E402
 
 KS = [1, 2, 4, 8, 16, 32, 64]
 COLS = ["pass@1", "pass@4", "pass@16", "pass@64", "maj@64", "acc_lenient"]
@@ -33,10 +32,10 @@ NAMES = {"acc_lenient": "greedy"}
 PAIRS = [("reinforce", "grpo"), ("negative", "grpo"), ("negative", "reinforce")]
 
 
-def load(specs):
+def load(specs, study=HERE):
     """{algo: {seed: (train lines, eval lines)}} from specs 'FOLDER' or 'algo=FOLDER' (as paired.py reads them), each
     algorithm with every seed it has; paired.load checks that each seed's step-0 evals are one draw."""
-    return {a: dict(sorted(by_seed.items())) for a, by_seed in paired.load(specs).items()}
+    return {a: dict(sorted(by_seed.items())) for a, by_seed in paired.load(specs, study).items()}
 
 
 def starts(runs):
@@ -54,13 +53,6 @@ def rew(train):
     return [x["reward_mean"] for x in train]
 
 
-def sd_ratio(x, y):
-    """'sd(x) / sd(y) | ratio [95% CI]' over paired per-seed values, resampling seeds (paired.sd_ratio_ci)."""
-    import statistics
-    ratio, lo, hi = paired.sd_ratio_ci(x, y)
-    return f"{statistics.stdev(x):.3f} / {statistics.stdev(y):.3f} | {ratio:.1f} [{lo:.1f}, {hi:.1f}]"
-
-
 def end_minus_start(by_seed, ks):
     """Per-seed rows of Δ pass@k, the last eval minus step 0, from one algorithm's {seed: (train, evals)}."""
     return [[ev[-1][f"pass@{k}"] - ev[0][f"pass@{k}"] for k in ks] for _, ev in by_seed.values()]
@@ -71,7 +63,6 @@ def summary(runs, S):
     first and last quarter and of the last 50 steps (with its sd over seeds), KL and entropy of the last 20 steps,
     and the spectrum at the last eval; mean [95% bootstrap CI] over seeds."""
     import statistics
-    from seeds import fmt_steps
     numbers = {algo: [paired.train_numbers(tr) for tr, _ in by_seed.values()] for algo, by_seed in runs.items()}
     cols = ["pass@1", "pass@16", "pass@64", "maj@64"]
     lines = ["The runs at a glance, mean [95% CI] over seeds (steps to 0.8: seeds that reached it, their mean [CI]):",
@@ -210,7 +201,6 @@ def plot(runs, title, png):
 
 def by_kind(seed, first, last, n=200):
     """pass@1 on each kind of arith question (a + b, a - b, a * b) at the first and last eval: which facts moved."""
-    sys.path.insert(0, os.path.dirname(HERE))
     import grpo
     rows = grpo.load_data("arith", seed)[1][:n]
     kinds = ["add" if " more." in r["question"] else "sub" if " away." in r["question"] else "mul" for r in rows]
@@ -221,14 +211,15 @@ def by_kind(seed, first, last, n=200):
     return " / ".join(cells)
 
 
-def sweep(settings):
-    """One row per run of the sweep settings: how far the train reward got, and the spectrum at the start and end."""
+def sweep(settings, study=HERE):
+    """One row per run of the sweep settings (folders of `study`): how far the train reward got, and the spectrum at
+    the start and end."""
     cols = ["setting", "algo", "seed", "train reward, first 50 steps → last 50", "best 10-step mean", "steps to 0.5",
             "steps to 0.8", "pass@1 start → end", "pass@64 start → end", "maj@64 start → end", "entropy, last 20",
             "KL, last 20", "pass@1 on a + b / a - b / a * b, start → end"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for setting in settings:
-        folder = os.path.join(HERE, setting)
+        folder = os.path.join(study, setting)
         for algo in ALGOS:
             for name in sorted(os.listdir(folder)):
                 if not (name.startswith(f"{algo}_seed") and name.endswith(".jsonl.gz")):
@@ -247,17 +238,18 @@ def sweep(settings):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--study", default=HERE, help="the study folder the settings are in (default: this one)")
     p.add_argument("--setting", nargs="+", required=True,
-                   help="folders of RESULTS written by seeds.py run --eval-samples: FOLDER (every algorithm in it) "
+                   help="folders of --study written by seeds run --eval-samples: FOLDER (every algorithm in it) "
                         "or algo=FOLDER; with --sweep, one row per run of each FOLDER")
     p.add_argument("--sweep", action="store_true", help="one row per run of each setting (the lr / batch sweep)")
     p.add_argument("--md", default=None)
     p.add_argument("--png", default=None)
     a = p.parse_args()
     if a.sweep:
-        lines = sweep(a.setting)
+        lines = sweep(a.setting, a.study)
     else:
-        runs = load(a.setting)
+        runs = load(a.setting, a.study)
         seeds = {algo: sorted(by_seed) for algo, by_seed in runs.items()}
         lines = [f"{' '.join(a.setting)}: seeds per algorithm {json.dumps(seeds)}; each difference over the seeds both "
                  "algorithms have; 64 answers per question at T = 1.0 on each seed's 200 "

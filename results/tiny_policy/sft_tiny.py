@@ -28,9 +28,9 @@ exactly those steps (and measures only them), and --expect FILE checks their sha
 is how a remade policy is checked against the stored one in results/tiny_policy/ (fp32 kernels differ between CPU
 families, so a remake matches only on a CPU like the one that made it).
 
-Usage (about 10 minutes on one thread; with --pick about 3):
-    OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --out runs/tiny_policy_targets
-    OMP_NUM_THREADS=1 python results/sft_tiny.py --seed 0 --pick ckpt05=60 ckpt30=230 ckpt60=820 \
+Usage, from the repository root (about 10 minutes on one thread; with --pick about 3):
+    OMP_NUM_THREADS=1 python -m results.tiny_policy.sft_tiny --seed 0 --out runs/tiny_policy_targets
+    OMP_NUM_THREADS=1 python -m results.tiny_policy.sft_tiny --seed 0 --pick ckpt05=60 ckpt30=230 ckpt60=820 \
         --expect results/tiny_policy/picked.json --out runs/tiny_policy
 """
 import argparse
@@ -46,11 +46,10 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-import grpo  # noqa: E402
+import grpo
 
-EXCLUDE_SEEDS = 20  # grpo.py --seed 0..19: the seeds of the study in results/seeds.py
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXCLUDE_SEEDS = 20  # grpo.py --seed 0..19: the seeds of the studies in results/tiny30/ and results/tiny60s/
 SPLIT = r" ?[0-9]+| ?[a-z]+|####| ?[^\sa-z0-9]|\s"  # numbers, words, '####', whitespace, punctuation
 
 
@@ -146,7 +145,7 @@ def main():
     p.add_argument("--pick", nargs="+", metavar="NAME=STEP", default=None,
                    help="keep the checkpoints of exactly these steps instead of the --targets")
     p.add_argument("--expect", default=None, help="a selection.json whose sha256 of each picked NAME must match")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(HERE), "runs", "tiny_policy"))
+    p.add_argument("--out", default=os.path.join(ROOT, "runs", "tiny_policy"))
     a = p.parse_args()
     picks = {name: int(step) for name, step in (x.split("=") for x in a.pick)} if a.pick else None
     if picks:

@@ -5,21 +5,22 @@ config with a character-level tokenizer, random weights) says 7 now and then by 
 starts small but non-zero. For each seed (which sets the model's initial weights, the data order and
 the sampling), both algorithms run with the same flags. Reported: steps until the 5-step moving
 average of the train reward first reaches each threshold, and the mean reward over the last 10 steps.
-Usage: python results/toy_seeds.py --seeds 0 1 2 3 4 5 6 7 8 9 --steps 100 --lr 3e-3
+The runs and the tables go to --out, by default the setting's folder here: toy_lr<lr>_B4_<steps>steps/.
+Usage: python -m results.toy.toy_seeds --seeds 0 1 2 3 4 5 6 7 8 9 --steps 100 --lr 3e-3
 """
 import argparse
 import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
+import grpo
+from results.stats import lr_name
+from testing_utils import make_tiny_model, write_data
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-import grpo  # noqa: E402
-from testing_utils import make_tiny_model, write_data  # noqa: E402
 
 
 def steps_to(rewards, threshold, window=5):
@@ -39,9 +40,10 @@ def main():
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--thresholds", type=float, nargs="+", default=[0.5, 0.8])
-    p.add_argument("--out", default=os.path.join(HERE, "toy"))
+    p.add_argument("--out", default=None, help="default: toy_lr<lr>_B4_<steps>steps/ here")
     p.add_argument("--summarize-only", action="store_true", help="rebuild the table from the metrics files in --out")
     a = p.parse_args()
+    a.out = a.out or os.path.join(HERE, f"toy_lr{lr_name(a.lr)}_B4_{a.steps}steps")
     os.makedirs(a.out, exist_ok=True)
     tmp = tempfile.mkdtemp()
     rows = [{"question": f"what is {i}?", "answer": "#### 7"} for i in range(64)]
@@ -55,7 +57,8 @@ def main():
                 grpo.train(grpo.get_args([
                     "--model", model, "--dataset", data, "--algo", algo, "--G", "8", "--batch-prompts", "4",
                     "--steps", str(a.steps), "--max-new-tokens", "3", "--micro-batch", "32", "--lr", str(a.lr),
-                    "--beta", "0.04", "--eval-every", "0", "--eval-n", "16", "--seed", str(seed), "--out", run]))
+                    "--beta", "0.04", "--eval-every", "0", "--eval-n", "16", "--seed", str(seed), "--dtype", "float32",
+                    "--out", run]))
                 shutil.copy(os.path.join(run, "metrics.jsonl"), os.path.join(a.out, f"{algo}_seed{seed}.jsonl"))
     summary = {"grpo": [], "reinforce": []}
     spread = {}

@@ -1,25 +1,25 @@
-"""The pass@k spectrum of the tiny30 runs: tables and a plot from RESULTS/tiny30_passk/.
+"""The pass@k spectrum of the tiny30 runs: tables and a plot from results/tiny30/tiny30_lr1e-4_B4_300steps_passk/.
 
-Each file <algo>_seed<k>.jsonl.gz there is one `seeds.py run --eval-samples 64` run (seeds.py FLAGS, lr 1e-4, 300
+Each file <algo>_seed<k>.jsonl.gz there is one `seeds run --eval-samples 64` run (seeds.py FLAGS, lr 1e-4, 300
 steps) with two eval lines: step 0 (the starting policy) and step 300. Each eval line has pass@k for k = 1, 2, 4, ..,
 64 (unbiased, from 64 answers per question sampled at T = 1.0), maj@64, and their strict variants, on the 200
 held-out questions of that seed. The eval sampler is seeded from --seed alone, so the step-0 evals of the algorithms
 on one seed are the same draw; this script checks that and uses it once per seed as the starting policy.
 
-CIs: 95% percentile bootstrap over seeds (seeds.bootstrap_ci). Each seed draws its own 200 arith questions (--seed
+CIs: 95% percentile bootstrap over seeds (stats.bootstrap_ci). Each seed draws its own 200 arith questions (--seed
 also draws the data set), so resampling seeds resamples whole (question set, run) pairs; questions are not resampled
 within a seed. Paired differences are taken within a seed, on the same 200 questions.
 
 Usage:
-    python results/passk.py --md results/tiny30_passk/passk.md --png results/tiny30_passk/passk.png
+    python -m results.tiny30.passk --md results/tiny30/tiny30_lr1e-4_B4_300steps_passk/passk.md \
+        --png results/tiny30/tiny30_lr1e-4_B4_300steps_passk/passk.png
 """
 import argparse
 import os
-import sys
+
+from results.stats import ALGOS, band, bootstrap_ci, ci, parse_seeds, read_run
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-from seeds import ALGOS, bootstrap_ci, read_run  # noqa: E402
 
 KS = [1, 2, 4, 8, 16, 32, 64]
 COLS = [f"pass@{k}" for k in KS] + ["maj@64", "acc_lenient"]
@@ -59,13 +59,6 @@ def load(folder, seeds=None):
         common &= set(by_seed)
     keep = lambda d: {s: d[s] for s in sorted(common)}  # noqa: E731
     return {"start": keep(starts), **{a: keep(d) for a, d in ends.items()}}, {a: keep(d) for a, d in entropy.items()}
-
-
-def ci(values, digits=3, sign=False):
-    import numpy as np
-    lo, hi = bootstrap_ci(values)
-    f = f"{{:{'+' if sign else ''}.{digits}f}}"
-    return f"{f.format(np.mean(values))} [{f.format(lo)}, {f.format(hi)}]"
 
 
 def header(first):
@@ -132,15 +125,6 @@ def tables(policies, entropy, suffix=""):
     return lines
 
 
-def band(values, n=10000, seed=0):
-    """Mean and 95% bootstrap band over seeds (rows) of per-seed curves (columns: k)."""
-    import numpy as np
-    x = np.asarray(values, float)
-    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
-    means = x[idx].mean(1)
-    return x.mean(0), np.percentile(means, 2.5, 0), np.percentile(means, 97.5, 0)
-
-
 def plot(policies, png):
     """Left: pass@k against k per policy (Yue et al.'s / Zhu et al.'s form). Right: the same, minus the starting
     policy on the same seed, where the differences are visible. maj@64 as a marker at k = 64 on the right."""
@@ -186,12 +170,11 @@ def plot(policies, png):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--folder", default=os.path.join(HERE, "tiny30_passk"))
+    p.add_argument("--folder", default=os.path.join(HERE, "tiny30_lr1e-4_B4_300steps_passk"))
     p.add_argument("--seeds", default=None, help="only these seeds, e.g. 0-9")
     p.add_argument("--md", default=None)
     p.add_argument("--png", default=None)
     a = p.parse_args()
-    from seeds import parse_seeds
     policies, entropy = load(a.folder, parse_seeds(a.seeds) if a.seeds else None)
     seeds = list(policies["start"])
     lines = [f"pass@k spectrum, tiny30, seeds.py FLAGS, lr 1e-4, 300 steps; seeds {seeds}; 64 answers per question "

@@ -10,11 +10,13 @@ with REINFORCE's (adv = r), from the same rollouts and one shared forward pass. 
   mean cosine      mean_k cos(g_k, mean_g)
 The K x K inner products of each algorithm's gradients are stored too, so the table can give the ratios a 95% CI by
 resampling the K rollout batches (the same resample for both algorithms, which share the rollouts).
-Usage:
-  python results/grad_variance.py --model tiny --task seven --batches 32 --G 8 --batch-prompts 4 --max-new-tokens 3
-  python results/grad_variance.py --model tiny --task seven --train-steps 40 ...   (at a partly trained policy)
-  python results/grad_variance.py --model smollm2 --task arith --batches 12 --G 8 --batch-prompts 2 --max-new-tokens 48
-  python results/grad_variance.py --table results/variance/*.json > results/variance/table.md
+Usage, from the repository root:
+  python -m results.variance.grad_variance --model tiny --task seven --batches 32 --G 8 --batch-prompts 4 \
+      --max-new-tokens 3
+  python -m results.variance.grad_variance --model tiny --task seven --train-steps 40 ...   (a partly trained policy)
+  python -m results.variance.grad_variance --model smollm2 --task arith --batches 12 --G 8 --batch-prompts 2 \
+      --max-new-tokens 48
+  python -m results.variance.grad_variance --table results/variance/*.json > results/variance/table.md
 """
 import argparse
 import json
@@ -27,8 +29,7 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import grpo  # noqa: E402
+import grpo
 
 ALGOS = ("grpo", "reinforce")
 
@@ -39,7 +40,7 @@ def setup(name, task, seed, train_steps=0):
     if name == "tiny":
         from testing_utils import make_tiny_model
         name = make_tiny_model(os.path.join(tempfile.mkdtemp(), "tiny"), seed=seed)
-    if task == "seven":  # the toy task of results/toy_seeds.py: the answer is always 7
+    if task == "seven":  # the toy task of results/toy/toy_seeds.py: the answer is always 7
         rows = [{"question": f"what is {i}?", "answer": "#### 7", "ref": "7"} for i in range(64)]
     else:
         rows = grpo.make_arith(64, random.Random(seed))
@@ -50,7 +51,7 @@ def setup(name, task, seed, train_steps=0):
         name = grpo.train(grpo.get_args([
             "--model", name, "--dataset", data, "--G", "8", "--batch-prompts", "4", "--steps", str(train_steps),
             "--max-new-tokens", "3", "--micro-batch", "32", "--lr", "3e-3", "--eval-every", "0", "--eval-n", "8",
-            "--seed", str(seed), "--out", os.path.join(tmp, "run")]))
+            "--seed", str(seed), "--dtype", "float32", "--out", os.path.join(tmp, "run")]))
     return (*grpo.load_model(name, torch.device("cpu")), rows)
 
 
@@ -97,7 +98,7 @@ def table(paths):
 
 
 def main():
-    if sys.argv[1:2] == ["--table"]:  # python results/grad_variance.py --table FILE.json ... > table.md
+    if sys.argv[1:2] == ["--table"]:  # python -m results.variance.grad_variance --table FILE.json ... > table.md
         print(table(sys.argv[2:]))
         return
     p = argparse.ArgumentParser()

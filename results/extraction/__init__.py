@@ -1,0 +1,1 @@
+"""Answer extraction, grpo.py against lm-evaluation-harness (results/README.md): compare.py and agreement.md."""
