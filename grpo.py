@@ -188,9 +188,8 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
         mask, position = prompt_mask[rows], positions(prompt_mask)[rows, -1:]
         active = torch.arange(len(rows), device=device)  # the rows still being decoded
         for t in range(max_new_tokens):
-            next_ids = sample(logits, temperature, generator)
+            next_ids, sampler_logp[active, t] = sample(logits, temperature, generator)
             completion_ids[active, t] = next_ids
-            sampler_logp[active, t] = token_logprobs(logits, next_ids, temperature or 1.0)
             ended = torch.isin(next_ids, eos)
             if stop:  # the stop text lies within its last len(stop) tokens, each at least one character
                 tails = tokenizer.batch_decode(completion_ids[active, max(0, t + 1 - len(stop)):t + 1])
@@ -214,11 +213,19 @@ def generate(model, tokenizer, prompts, eos_ids, max_new_tokens, repeat=1, tempe
 
 
 def sample(logits, temperature, generator=None):
-    """One token per row from softmax(logits / temperature), or the most likely one if temperature is None."""
+    """One token per row from softmax(logits / temperature), or the most likely one if temperature is None, and its
+    log-prob at that temperature (1 if None). Inverse CDF: one uniform number per row picks the first token whose
+    cumulative probability exceeds it (torch.multinomial draws a number per vocabulary entry); cumulated in float64,
+    so the rarest tokens keep their rate."""
+    scaled = logits.float() / (temperature or 1.0)
+    lse = scaled.logsumexp(-1, keepdim=True)
     if not temperature:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits.float() / temperature, -1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(1)
+        ids = scaled.argmax(-1)
+    else:
+        cdf = (scaled - lse).exp_().double().cumsum_(-1)
+        u = torch.rand(len(cdf), 1, generator=generator, device=cdf.device, dtype=torch.float64) * cdf[:, -1:]
+        ids = torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=cdf.shape[-1] - 1)
+    return ids, (scaled.gather(-1, ids[:, None]) - lse).squeeze(1)
 
 
 def positions(attention_mask):
@@ -274,17 +281,18 @@ def completion_logprobs(model, input_ids, attention_mask, n_completion, temperat
     return token_logprobs(logits, input_ids[:, -n_completion:], temperature)
 
 
-def token_logprobs(logits, targets, temperature):
-    """log softmax(logits / temperature)[target] per position, without materializing the full log_softmax."""
-    logits = logits.float() / temperature
-    return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - logits.logsumexp(-1)
-
-
-@torch.no_grad()
-def token_entropy(logits, temperature):
-    """Entropy in nats of softmax(logits / temperature) per position, a diagnostic: a collapse ends exploration."""
-    logp = torch.log_softmax(logits.float() / temperature, -1)
-    return -(logp.exp() * logp).sum(-1)
+def token_logprobs(logits, targets, temperature, entropy=False):
+    """log softmax(logits / temperature)[target] per position, without materializing the full log_softmax; with
+    entropy=True also the entropy in nats of that softmax, a diagnostic (a collapse ends exploration), from the same
+    scaled logits and logsumexp."""
+    scaled = logits.float() / temperature
+    lse = scaled.logsumexp(-1)
+    logp = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    if not entropy:
+        return logp
+    with torch.no_grad():
+        log_p = scaled - lse.unsqueeze(-1)
+        return logp, -(log_p.exp().unsqueeze(-2) @ log_p.unsqueeze(-1)).squeeze(-1).squeeze(-1)
 
 
 def distinct_prompts(prompt_ids, prompt_mask):
@@ -386,8 +394,8 @@ def accumulate_gradients(model, ref_model, batch, adv, args, cache):
         with gradient_sync(model, sync=start + size >= N):  # the last micro-batch all-reduces
             logits = completion_logits(model, ids[sl], attn[sl], T, share_prompts=not args.grad_checkpointing,
                                        dtype=args.dtype)  # checkpointing drops the KV cache: whole rows
-            logp = token_logprobs(logits, ids[sl, -T:], args.temperature)
-            entropy = masked_mean(token_entropy(logits, args.temperature), mask[sl])
+            logp, entropy = token_logprobs(logits, ids[sl, -T:], args.temperature, entropy=True)
+            entropy = masked_mean(entropy, mask[sl])
             del logits  # rows x T x vocab: the largest tensor of the step; backward needs only what logp kept
             if k not in cache:
                 ref_logp = None
