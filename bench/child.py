@@ -116,7 +116,9 @@ def child_grpo(s):
                                            when=lambda *args, **kwargs: not torch.is_grad_enabled())  # runs no-grad
     parts.time_adamw_steps()
     grpo.evaluate = lambda *args, **kwargs: {"acc_strict": 0.0, "acc_lenient": 0.0, "n": 0, "samples": []}
-    grpo.save = grpo.save_checkpoint = lambda *args: None  # writing weights is not part of a step
+    for name in ("save", "save_checkpoint", "save_final"):  # writing weights is not part of a step
+        if hasattr(grpo, name):
+            setattr(grpo, name, lambda *args: None)
     dtype_flag = []
     if accepts_dtype_flag(grpo):
         dtype_flag = ["--dtype", s["dtype"]]
