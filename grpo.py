@@ -1348,7 +1348,11 @@ def recorded(out):
         with open(path, encoding="utf-8") as f:
             names = json.load(f)["names"]
     except (OSError, ValueError, KeyError, TypeError):
-        raise ConfigError(f"{path} is not the record of a grpo.py run; move it away or pick another --out") from None
+        names = None
+    # a list of plain names of entries in OUT: a record naming '../x' or 'a/b' was not written by a run
+    if not isinstance(names, list) or not all(isinstance(n, str) and n not in ("", ".", "..")
+                                              and os.path.basename(n) == n and "\\" not in n for n in names):
+        raise ConfigError(f"{path} is not the record of a grpo.py run; move it away or pick another --out")
     return set(names)
 
 

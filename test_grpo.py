@@ -2414,6 +2414,20 @@ def test_a_run_never_writes_into_a_folder_of_files_no_run_recorded(tiny_dir, dat
     assert sorted(os.listdir(out)) == ["checkpoint", "metrics.jsonl"]
 
 
+def test_a_record_that_names_anything_but_plain_names_is_refused(tiny_dir, data_dir, tmp_path):
+    """A run_files.json that names '../outside' (or 'a/b', or holds no list): one line, and --overwrite removes
+    nothing, inside OUT or out of it."""
+    out = tmp_path / "run"
+    small_run(tiny_dir, data_dir, out, "--steps", "1")
+    (tmp_path / "outside").write_text("keep")
+    for names in (["../outside", "metrics.jsonl"], ["checkpoint/model.safetensors"], "metrics", {"a": 1}):
+        (out / "run_files.json").write_text(json.dumps({"names": names}))
+        before = folder_bytes(tmp_path)
+        r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--out", str(out), "--overwrite")
+        assert_one_line_error(r, "run_files.json is not the record of a grpo.py run")
+        assert folder_bytes(tmp_path) == before
+
+
 def test_a_name_only_the_final_save_writes_stops_the_run_with_the_model_kept(tiny_dir, data_dir, tmp_path,
                                                                              monkeypatch):
     """A file the user put in OUT during the run under a name the final save writes: the run stops with one
