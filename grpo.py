@@ -1272,7 +1272,8 @@ def save_final(model, tokenizer, out):
     shutil.rmtree(staging, ignore_errors=True)
     save(model, tokenizer, staging)
     names = sorted(os.listdir(staging))
-    theirs = [n for n in names if os.path.lexists(os.path.join(out, n)) and n not in recorded(out)]
+    mine = recorded(out)
+    theirs = [n for n in names if os.path.lexists(os.path.join(out, n)) and n not in mine]
     if theirs:
         raise Stopped(f"error: {out} holds {', '.join(theirs)}, which this run did not write; the final model is in "
                       f"{staging}", status=2)
