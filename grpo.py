@@ -7,36 +7,26 @@ uses the group itself as the baseline:
 
     adv_i = (r_i - mean(r_1..r_G)) / (std(r_1..r_G) + eps)      the same adv_i for every token of o_i
 
-The policy is then trained on PPO's clipped surrogate plus a KL penalty to a frozen reference model, exactly as
-this file computes it (`grpo_loss`):
+The policy is then trained on PPO's clipped surrogate plus a KL penalty to a frozen reference model (`grpo_loss`):
 
     ratio_it = exp(logp_it - old_logp_it)                 pi_theta / pi_old, per token
     kl_it    = exp(ref_logp_it - logp_it) - (ref_logp_it - logp_it) - 1   (k3 estimator, >= 0)
     loss     = -1/G sum_i 1/|o_i| sum_t [ min(ratio_it * adv_i, clip(ratio_it, 1-clip_eps, 1+clip_eps) * adv_i)
                                          - beta * kl_it ]
 
-averaged over the B questions of a step. The ablation `--algo reinforce` uses adv_i = r_i: the same loss with no
-baseline, to show what the group baseline buys. `--algo drgrpo` (Liu et al. 2025, "Understanding R1-Zero-Like
-Training") drops the std division and the 1/|o_i| length normalization.
+averaged over the B questions of a step. `--algo reinforce` uses adv_i = r_i (no baseline), `--algo drgrpo` (Liu et
+al. 2025) drops the std division and the 1/|o_i| normalization. With on-policy samples the k3 term's expected
+gradient is that of KL(pi_ref || pi_theta); `--kl-ratio-correction` turns it into KL(pi_theta || pi_ref)'s, as TRL.
 
-The KL term is the paper's. With on-policy samples its expected gradient is that of KL(pi_ref || pi_theta), not of
-KL(pi_theta || pi_ref); `--kl-ratio-correction` multiplies kl_it by ratio_it (value 1 at mu = 1), which makes it
-the gradient of KL(pi_theta || pi_ref), as TRL does by default (see `per_token_loss`).
-
-Task: GSM8K grade-school math. Reward 1.0 if the answer's final number equals the reference, else 0.0: the number
-after the last `####` (--reward strict), or else the last number in the text (lenient). Nothing else (no format
-bonus, no length penalty) is mixed into the reward.
+Task: GSM8K. Reward 1.0 if the answer's final number equals the reference, else 0.0: the number after the last `####`
+(--reward strict), or else the last number in the text (lenient); nothing else is mixed into the reward.
 
 Run it: `python grpo.py --G 8 --algo grpo` (README.md: the two settings it picks from, torchrun and every flag).
 
 Reading order: data -> reward -> group sampling -> log-probs -> advantages -> loss -> one training step ->
-evaluation -> the main loop (`train`); the algorithm reads `args.G`, `args.beta`, ... as the paper names them. After
-it comes the infrastructure, each part reached by one call: the flags and the two settings (`get_args`, every flag
-with its default: `python grpo.py --help`), loading, the run's bookkeeping, files and checkpoints, input checks,
-torchrun, stop signals.
-
-Left out to keep the algorithm in view: a value model (the point of GRPO), inference engines (`generate` is a short
-loop over the model's forward pass), LoRA, learning-rate schedules, sharding over GPUs, reward models.
+evaluation -> the main loop (`train`). Then the infrastructure, each part reached by one call: flags and settings,
+loading, the run's bookkeeping and files, input checks, torchrun, checkpoints and stop signals. Left out to keep the
+algorithm in view: a value model (the point of GRPO), inference engines, LoRA, learning-rate schedules, sharding.
 """
 
 import argparse
@@ -423,7 +413,8 @@ def train_step(model, ref_model, optimizer, batch, adv, args):
     cache, history, skipped = {}, [], False
     for _ in range(args.mu):
         optimizer.zero_grad(set_to_none=True)
-        stats = accumulate_gradients(model, ref_model, batch, adv, args, cache)
+        with autocast(batch["input_ids"].device, args.dtype):  # one region a pass: each weight is cast to bf16 once
+            stats = accumulate_gradients(model, ref_model, batch, adv, args, cache)
         # clip_grad_norm_ returns the norm before clipping: the number worth watching
         stats["grad_norm"] = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0).item()
         history.append(stats)
@@ -540,8 +531,7 @@ def train(args):
     train_rows, test_rows, shots, data_sizes = fit_prompts(train_rows, test_rows, model, tokenizer, args)
     if args.grad_checkpointing:
         model.gradient_checkpointing_enable()
-    # The reference is the starting policy, frozen. With beta == 0 the KL term vanishes: skip the copy.
-    ref_model = copy.deepcopy(model).eval().requires_grad_(False) if args.beta > 0 else None
+    ref_model = reference_model(model, args.dtype) if args.beta > 0 else None  # beta == 0: no KL term, no copy
     # fused: one pass over all parameters instead of a loop of small kernels per tensor (faster on CPU and GPU)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0,
                                   fused=device.type in ("cpu", "cuda"))
@@ -580,6 +570,19 @@ def train(args):
     return args.out
 
 
+def reference_model(model, dtype):
+    """The starting policy, frozen. Under bf16 autocast its Linear layers hold bf16 weights, the values autocast would
+    cast them to (the same log-probs, bit for bit), cast once instead of every pass; embeddings and norms stay fp32."""
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    if dtype == "bfloat16":
+        for m in ref.modules():
+            if isinstance(m, torch.nn.Linear):  # a head tied to the embedding gets a bf16 copy of its own
+                m.weight = torch.nn.Parameter(m.weight.to(torch.bfloat16), requires_grad=False)
+                if m.bias is not None:
+                    m.bias = torch.nn.Parameter(m.bias.to(torch.bfloat16), requires_grad=False)
+    return ref
+
+
 def step_metrics(rewards, batch, stats, G, t0, gen_s):
     """What a practitioner reads every step, over all B*G answers. An all-equal group has adv 0: it teaches nothing."""
     rewards, lengths, truncated = gather_rows(torch.stack(
@@ -606,9 +609,8 @@ def due(step, every, last):
 # Infrastructure, not the algorithm: flags, loading, a long run kept safe, input checks, several processes.
 # ==================================================================================================================
 
-# Flags and settings: every flag with its default, the two settings that fill in what a command leaves out and
-# how one is chosen, and every value a run derives, resolved in one place. What get_args returns is the first line
-# of OUT/metrics.jsonl. -------------------------------------------------------------------------------------------
+# Flags and settings: every flag, the two settings that fill in what a command leaves out, and every value a run
+# derives, resolved in one place. What get_args returns is the first line of OUT/metrics.jsonl. -------------------
 
 # The values of the flags a command does not give, by --setting. full: the paper's task (a GPU and the Hub); small:
 # minutes on any CPU, offline. A flag given on the command line always wins. auto takes small only for a command that
@@ -769,9 +771,7 @@ def get_args(argv=None):
     """The settings the run will use: the flags (with --resume, the saved run's), resolved."""
     p = build_parser()
     args = p.parse_args(argv)
-    if args.resume:
-        args = resumed_args(p, argv, args.resume)
-    return resolve(args)
+    return resolve(resumed_args(p, argv, args.resume) if args.resume else args)
 
 
 def resolve(args):
@@ -800,8 +800,7 @@ def resolve_dtype(dtype, device):
     if str(device).startswith("cuda"):  # a string or a torch.device; check_args rejects a GPU torch cannot see
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     # torch reports the CPU's instruction set extensions only through these private helpers (torch >= 2.1)
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
-    native = [getattr(torch.cpu, name, lambda: False)() for name in probes]
+    native = (getattr(torch.cpu, f"_is_{x}_supported", lambda: False)() for x in ("avx512_bf16", "amx_tile"))
     return "bfloat16" if any(native) else "float32"
 
 
@@ -1201,7 +1200,7 @@ class Outputs:
         self.rollouts = self.wandb = None
         try:
             claim_out(args)
-            self.log = open_metrics(args.out, config, keep_until)
+            self.log = open_log(os.path.join(args.out, "metrics.jsonl"), [config], keep_until)
             if args.log_rollouts:
                 self.rollouts = open_log(os.path.join(args.out, "rollouts.jsonl"), [], keep_until)
         except OSError as e:
@@ -1225,10 +1224,6 @@ class Outputs:
         if self.wandb is not None:
             self.wandb.finish(exit_code=1 if failed else 0)
 
-
-def open_metrics(out, config, keep_until=None):
-    """OUT/metrics.jsonl, opened for appending, starting with the config line (see open_log for resume)."""
-    return open_log(os.path.join(out, "metrics.jsonl"), [config], keep_until)
 
 
 def open_log(path, header, keep_until=None):

@@ -1,6 +1,7 @@
 """Tests for grpo.py: CPU only, no network. Tiny models are built from a config with a character-level
 tokenizer made here; data files are written by the tests. Run: python -m pytest -q test_grpo.py"""
 
+import collections
 import copy
 import importlib.util
 import itertools
@@ -1268,6 +1269,53 @@ def test_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
             assert stats[key] == pytest.approx(want_stats[key], abs=1e-6), (micro, key)
         for g, w in zip(grads(model), want):
             torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
+
+
+def test_the_bf16_reference_gives_autocasts_log_probs_bit_for_bit(tiny_arch):
+    """reference_model holds the Linear weights in bf16 under bf16 autocast: the same log-probs as the fp32 copy that
+    autocast casts, to the bit; embeddings and norms stay fp32, and the policy (with its tied head) is untouched."""
+    model, tokenizer, eos_ids = tiny_arch
+    batch = rollout(model, tokenizer, eos_ids, seed=3)
+    ids, attn, T = batch["input_ids"], batch["attention_mask"], batch["completion_mask"].shape[1]
+    ref = grpo.reference_model(model, "bfloat16")
+    want = grpo.completion_logprobs(copy.deepcopy(model), ids, attn, T, 0.7, dtype="bfloat16")
+    assert torch.equal(grpo.completion_logprobs(ref, ids, attn, T, 0.7, dtype="bfloat16"), want)
+    linear = {id(p) for m in ref.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters()}
+    assert {p.dtype for p in ref.parameters() if id(p) in linear} == {torch.bfloat16}
+    assert {p.dtype for p in ref.parameters() if id(p) not in linear} == {torch.float32}
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert not any(p.requires_grad for p in ref.parameters())
+    assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
+    assert {p.dtype for p in grpo.reference_model(model, "float32").parameters()} == {torch.float32}
+
+
+def test_a_pass_casts_each_weight_to_bf16_once(tiny_arch):
+    """Under bf16 autocast one pass over 4 micro-batches casts each policy weight to bf16 once, not once a micro-batch,
+    and the reference's Linear weights never (GPT-2's Conv1D layers are not nn.Linear: cast as autocast does)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+    model, tokenizer, eos_ids = tiny_arch
+    model = copy.deepcopy(model)
+    batch = rollout(model, tokenizer, eos_ids, seed=3)
+    ref = grpo.reference_model(model, "bfloat16")
+    casts = {"policy": collections.Counter(), "ref": collections.Counter()}
+    owner = {p.data_ptr(): ("policy", n) for n, p in model.named_parameters()}
+    owner.update({p.data_ptr(): ("ref", n) for n, p in ref.named_parameters()})
+
+    class CountCasts(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.ops.aten._to_copy.default and kwargs.get("dtype") == torch.bfloat16:
+                who = owner.get(args[0].data_ptr())
+                if who:
+                    casts[who[0]][who[1]] += 1
+            return func(*args, **kwargs)
+    args = args_for(micro_batch=2, beta=0.1, temperature=1.0, max_new_tokens=10, dtype="bfloat16")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    with CountCasts():
+        grpo.train_step(model, ref, optimizer, batch, torch.tensor([1.0, -1.0] * 4), args)
+    assert casts["policy"] and max(casts["policy"].values()) == 1, casts["policy"]
+    if model.config.model_type != "gpt2":
+        assert not casts["ref"], casts["ref"]
 
 
 @pytest.mark.parametrize("kl_ratio_correction", [False, True])

@@ -9,7 +9,6 @@ before the profiled one. Self CPU time per operator, so nested calls are not cou
 """
 import argparse
 import collections
-import copy
 import os
 import tempfile
 
@@ -62,7 +61,7 @@ def main():
     B, G, N = (PRESETS[a.model][k] for k in ("batch_prompts", "G", "new_tokens"))
     model, tok, _ = grpo.load_model(prepare_model(a.model, os.path.join(tempfile.gettempdir(), "grpo-bench")),
                                     torch.device("cpu"))
-    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    ref = grpo.reference_model(model, a.dtype)  # as train() makes it
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-9, weight_decay=0.0, fused=True)
     args = grpo.get_args(["--model", "unused", "--setting", "full", "--dtype", a.dtype, "--temperature", "1.0",
                           "--micro-batch", "8", "--max-new-tokens", str(N), "--G", str(G), "--batch-prompts", str(B)])
