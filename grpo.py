@@ -272,16 +272,14 @@ def completion_logprobs(model, input_ids, attention_mask, n_completion, temperat
 
 
 def token_logprobs(logits, targets, temperature, entropy=False):
-    """log softmax(logits / temperature)[target] per position, without materializing the full log_softmax; with
-    entropy=True also the entropy in nats of that softmax, a diagnostic (a collapse ends exploration), from the same
-    scaled logits and logsumexp."""
-    scaled = logits.float() / temperature
-    lse = scaled.logsumexp(-1)
-    logp = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse
+    """log softmax(logits / temperature)[target] per position; with entropy=True also the entropy in nats of that
+    softmax, a diagnostic (a collapse ends exploration), from the same log-softmax: the one rows x T x vocab float
+    tensor that backward keeps."""
+    log_p = torch.log_softmax(logits.float() / temperature, -1)
+    logp = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     if not entropy:
         return logp
     with torch.no_grad():
-        log_p = scaled - lse.unsqueeze(-1)
         return logp, -(log_p.exp().unsqueeze(-2) @ log_p.unsqueeze(-1)).squeeze(-1).squeeze(-1)
 
 
