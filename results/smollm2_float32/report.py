@@ -1,0 +1,303 @@
+"""The paired report of this study (README.md): reinforce - grpo on SmolLM2-135M-Instruct, paired by seed, each
+algorithm at the learning rate `run.py pick` chose for it (lr.json).
+
+    python -m results.smollm2_float32.report       # seeds 0-9, 100 steps, lr.json's rates: writes report.md, prints it
+    python -m results.smollm2_float32.report --steps 50 --lr grpo=1e-5 --lr reinforce=1e-5 --seeds 100,101
+
+The second command makes the same tables from the 50-step sweep runs and only prints them (--md PATH writes them).
+report.md is written by default only for the study itself (100 steps, the rates of lr.json). A seed counts when both
+algorithms have a finished run of it (its file exists and reaches the last step and its eval); with fewer than 2
+such seeds the report says so and nothing more. The numbers come from results/stats.py.
+"""
+import argparse
+import json
+import math
+import os
+import statistics
+
+from results import stats
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ALGOS = ("grpo", "reinforce")
+STEPS = 100
+SEEDS = "0-9"
+THRESHOLD = 0.6
+LAST = 10
+
+# The claims of results/README.md a row tests, with the sign stats.verdict takes for reinforce - grpo.
+FASTER = ("GRPO learns faster", -1)
+AHEAD = ("GRPO ends above REINFORCE", -1)
+ENTROPY = ("without a baseline the entropy falls faster", -1)
+DRIFT = ("REINFORCE drifts further from the reference late", +1)
+SPREAD = ("GRPO's runs end closer together (lower variance)", +1)
+
+
+def rates(given):
+    """{algo: lr} from --lr algo=rate, else lr.json's chosen rates; and where they came from."""
+    lrs = dict(spec.split("=", 1) for spec in given or [])
+    path = os.path.join(HERE, "lr.json")
+    if len(lrs) < len(ALGOS) and os.path.exists(path):
+        chosen = json.load(open(path))
+        lrs = {algo: lrs.get(algo, chosen[algo]["chosen"]) for algo in ALGOS}
+        return lrs, "--lr and lr.json" if given else "lr.json, run.py pick"
+    return lrs, "--lr"
+
+
+def run_path(algo, lr, seed, steps):
+    """The gzipped metrics file of one run, in run.py's scheme."""
+    return os.path.join(HERE, f"smollm2_lr{lr}_B2_{steps}steps", f"{algo}_seed{seed}.jsonl.gz")
+
+
+def finished(path, steps):
+    """(train lines, eval lines) of a run that reached its last step and its last eval; None otherwise."""
+    if not os.path.exists(path):
+        return None
+    config, train, evals = stats.read_run(path)
+    done = config["steps"] == steps and train and train[-1]["step"] == steps and evals[-1]["step"] == steps
+    return (train, evals) if done else None
+
+
+def load(lrs, steps, seeds):
+    """{seed: {algo: (train, evals)}} over the seeds where every algorithm has a finished run; and per algorithm the
+    seeds it has finished."""
+    runs, done = {}, {algo: [] for algo in ALGOS}
+    for seed in seeds:
+        for algo in ALGOS:
+            run = finished(run_path(algo, lrs[algo], seed, steps), steps) if algo in lrs else None
+            if run:
+                runs.setdefault(seed, {})[algo] = run
+                done[algo].append(seed)
+    return {s: r for s, r in runs.items() if len(r) == len(ALGOS)}, done
+
+
+def mean(rows, key):
+    """Mean of one key over train lines."""
+    return sum(r[key] for r in rows) / len(rows)
+
+
+def at(evals, step, key):
+    """One key of the eval line of one step."""
+    return next(e[key] for e in evals if e["step"] == step)
+
+
+def metrics(steps, eval_steps):
+    """(name, the run's number from (train, evals), digits, claim or None) for each row of the paired table."""
+    q = steps // 4
+    rows = [(f"train reward AUC (mean over steps 1-{steps})", lambda tr, ev: mean(tr, "reward_mean"), 3, FASTER),
+            (f"train reward, steps 1-{q}", lambda tr, ev: mean(tr[:q], "reward_mean"), 3, FASTER),
+            (f"train reward, steps {steps - q + 1}-{steps}", lambda tr, ev: mean(tr[-q:], "reward_mean"), 3, AHEAD)]
+    for step in eval_steps:
+        for key in ("acc_lenient", "acc_strict"):
+            rows.append((f"held-out {key}, step {step}", lambda tr, ev, s=step, k=key: at(ev, s, k), 3,
+                         AHEAD if step == steps else FASTER))
+    return rows + [
+        (f"entropy, last {LAST} steps", lambda tr, ev: mean(tr[-LAST:], "entropy"), 3, ENTROPY),
+        (f"KL, last {LAST} steps", lambda tr, ev: mean(tr[-LAST:], "kl"), 3, DRIFT),
+        (f"answer length (tokens), last {LAST} steps", lambda tr, ev: mean(tr[-LAST:], "completion_len"), 1, None),
+        ("share of all-equal groups (frac_zero_std), all steps", lambda tr, ev: mean(tr, "frac_zero_std"), 3, None)]
+
+
+def signed(x, digits):
+    """x with its sign."""
+    return f"{x:+.{digits}f}"
+
+
+def row(name, d, digits, claim):
+    """One line of the paired table from the per-seed differences d (reinforce - grpo)."""
+    lo, hi = stats.t_interval(d)
+    lo1, hi1 = stats.loo_range(d)
+    p = stats.sign_flip_p(d)
+    if claim is None:
+        said = f"no claim on its direction (interval {'contains' if lo <= 0 <= hi else 'excludes'} 0)"
+    else:
+        said = stats.verdict(lo, hi, claim[1])
+    wanted = "—" if claim is None else f"{claim[0]} ({'< 0' if claim[1] < 0 else '> 0'})"
+    cells = [name, str(len(d)), signed(statistics.mean(d), digits), f"[{signed(lo, digits)}, {signed(hi, digits)}]",
+             "< 0.001" if p < 0.001 else f"{p:.3f}", f"[{signed(lo1, digits)}, {signed(hi1, digits)}]",
+             f"{sum(x > 0 for x in d)}/{len(d)}", wanted, said]
+    return "| " + " | ".join(cells) + " |"
+
+
+def paired_table(runs, steps, eval_steps):
+    """The table of paired differences, reinforce - grpo, one row a metric, and the lines on steps to 0.6."""
+    seeds = sorted(runs)
+    lines = ["| reinforce - grpo | seeds | mean | 95% t-interval | sign-flip p | leave-one-seed-out range "
+             "| seeds above 0 | claim (predicted sign) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, get, digits, claim in metrics(steps, eval_steps):
+        d = [get(*runs[s]["reinforce"]) - get(*runs[s]["grpo"]) for s in seeds]
+        lines.append(row(name, d, digits, claim))
+    hit = {algo: {s: stats.steps_to([x["reward_mean"] for x in runs[s][algo][0]], THRESHOLD) for s in seeds}
+           for algo in ALGOS}
+    both = [s for s in seeds if all(math.isfinite(hit[algo][s]) for algo in ALGOS)]
+    name = f"steps to a train reward of {THRESHOLD} (seeds where both reached it)"
+    if len(both) >= 2:
+        lines.append(row(name, [hit["reinforce"][s] - hit["grpo"][s] for s in both], 1, (FASTER[0], +1)))
+    else:
+        lines.append(f"| {name} | {len(both)} | | | | | | {FASTER[0]} (> 0) | no interval: fewer than 2 seeds |")
+    lines += ["", f"Steps to {THRESHOLD} per algorithm, k/n seeds reached it: mean [95% bootstrap CI] over those k; "
+              "median over all n with never = inf (stats.fmt_steps):", ""]
+    lines += [f"- {algo}: {stats.fmt_steps([hit[algo][s] for s in seeds])}" for algo in ALGOS]
+    for algo, other in (ALGOS, ALGOS[::-1]):
+        alone = [s for s in seeds if math.isfinite(hit[algo][s]) and not math.isfinite(hit[other][s])]
+        if alone:
+            lines.append(f"- reached by {algo} only, left out of the paired row: seeds {alone}")
+    return lines
+
+
+def spread(runs, lrs):
+    """Per algorithm the mean and sd over seeds of the train-reward AUC, and the ratio of the sds."""
+    seeds = sorted(runs)
+    auc = {algo: [mean(runs[s][algo][0], "reward_mean") for s in seeds] for algo in ALGOS}
+    lines = ["| algo | lr | seeds | train reward AUC, mean over seeds | sd over seeds |", "|---|---|---|---|---|"]
+    lines += [f"| {algo} | {lrs[algo]} | {len(seeds)} | {statistics.mean(auc[algo]):.3f} | "
+              f"{statistics.stdev(auc[algo]):.3f} |" for algo in ALGOS]
+    r, g = auc["reinforce"], auc["grpo"]
+    if statistics.stdev(g) == 0:
+        return lines + ["", "The sd of grpo's AUC is 0: no ratio."]
+    text = f"sd(reinforce) / sd(grpo) of the train-reward AUC: {statistics.stdev(r) / statistics.stdev(g):.2f}"
+    if len(seeds) < 3:
+        return lines + ["", f"{text}; no interval and no verdict with fewer than 3 seeds."]
+    ratio, lo, hi = stats.sd_ratio_ci(r, g)
+    loo = [statistics.stdev(r[:i] + r[i + 1:]) / max(statistics.stdev(g[:i] + g[i + 1:]), 1e-12)
+           for i in range(len(seeds))]
+    said = stats.verdict(lo - 1, hi - 1, SPREAD[1])
+    return lines + ["", f"{text} [{lo:.2f}, {hi:.2f}] (95% bootstrap over seeds, the same resampled seeds for both: "
+                    f"stats.sd_ratio_ci), leave-one-seed-out range [{min(loo):.2f}, {max(loo):.2f}]. Claim: "
+                    f"{SPREAD[0]}, ratio > 1. Verdict: {said}."]
+
+
+def per_seed(runs):
+    """Seed, grpo AUC, reinforce AUC and their difference."""
+    lines = ["| seed | grpo AUC | reinforce AUC | reinforce - grpo |", "|---|---|---|---|"]
+    for s in sorted(runs):
+        g, r = (mean(runs[s][algo][0], "reward_mean") for algo in ALGOS)
+        lines.append(f"| {s} | {g:.3f} | {r:.3f} | {r - g:+.3f} |")
+    return lines
+
+
+def tally(attempts, key):
+    """'value (attempts with it), ...' of one key of the attempts."""
+    values = [a[key] for a in attempts]
+    return ", ".join(f"{v} ({values.count(v)})" for v in sorted(set(values))) or "none"
+
+
+def provenance(lrs, steps, seeds):
+    """The commits, CPU models and torch versions of the runs used (runs.jsonl), and their CPU hours."""
+    path = os.path.join(HERE, "runs.jsonl")
+    records = {}
+    for line in open(path) if os.path.exists(path) else []:
+        r = json.loads(line)
+        records[r["algo"], float(r["lr"]), r["seed"], r["steps"]] = r
+    used = [records.get((algo, float(lrs[algo]), s, steps)) for s in seeds for algo in ALGOS]
+    found = [r for r in used if r]
+    attempts = [a for r in found for a in r["attempts"]]
+    lines = [f"Runs used: {len(used)} ({len(found)} with a line in runs.jsonl), {len(attempts)} attempts. "
+             f"CPU time: {sum(r['cpu_s'] for r in found) / 3600:.2f} CPU hours "
+             f"(wall {sum(r['wall_s'] for r in found) / 3600:.2f} h), summed over their attempts.", "",
+             f"- commits (attempts): {tally(attempts, 'commit')}", f"- CPU models (attempts): {tally(attempts, 'cpu')}",
+             f"- torch (attempts): {tally(attempts, 'torch')}"]
+    if len(found) < len(used):
+        lines.append(f"- {len(used) - len(found)} runs used have no line in runs.jsonl: their provenance is unknown")
+    return lines
+
+
+def starts(runs):
+    """The held-out accuracy at step 0 (both algorithms start from the same policy on a seed) and any seed where the
+    two step-0 evals differ."""
+    seeds = sorted(runs)
+    differ = [s for s in seeds if runs[s]["grpo"][1][0]["right"] != runs[s]["reinforce"][1][0]["right"]]
+    text = (f"Held-out accuracy at step 0, mean over seeds: acc_lenient "
+            f"{statistics.mean(runs[s]['grpo'][1][0]['acc_lenient'] for s in seeds):.3f}, acc_strict "
+            f"{statistics.mean(runs[s]['grpo'][1][0]['acc_strict'] for s in seeds):.3f} (grpo's step-0 eval).")
+    if differ:
+        return text + f" The two step-0 evals differ on seeds {differ}: those pairs do not start alike."
+    return text + " On every seed the step-0 evals of both algorithms are the same answers."
+
+
+RULE = ("Verdict, the one rule of results/README.md (stats.verdict): a claim is reproduced where the 95% interval of "
+        "our measurement excludes 0 (for a ratio: 1) in the direction the claim predicts, contradicted where it "
+        "excludes 0 in the other direction, and inconclusive otherwise; for a paired difference the interval is the "
+        "t-interval over seeds (n - 1 degrees of freedom), for the ratio of sds a bootstrap over seeds. An interval "
+        "can show a difference but not its absence: an inconclusive row means that every value in its interval, of "
+        "either sign, remains possible.")
+
+
+def notes(steps):
+    """How each number is made, and the convention for runs that never reach the threshold."""
+    q = steps // 4
+    return [f"Differences are reinforce - grpo on the same seed (same starting policy, same questions in the same "
+            f"order, same held-out set). AUC: mean train reward over all {steps} steps; quarters: steps 1-{q} and the "
+            f"last {q}. Held-out accuracy: acc_lenient and acc_strict of the greedy eval on 200 questions. Entropy, "
+            f"KL and answer length (completion_len): mean over the last {LAST} steps; all-equal groups "
+            "(frac_zero_std): share of the 2 groups per step whose 8 rewards are all equal, mean over all steps.",
+            "",
+            "sign-flip p: exact two-sided sign-flip permutation test over all 2^n sign patterns (with n seeds it "
+            "cannot go below 2/2^n). Leave-one-seed-out range: the smallest and largest mean difference when one seed "
+            "is dropped. Seeds above 0: seeds where reinforce's number is the larger.",
+            "",
+            f"Steps to {THRESHOLD}: the first step at which the 10-step trailing mean train reward reaches "
+            f"{THRESHOLD} (stats.steps_to). A run that never reaches it has no number (never = inf): the paired row "
+            "is over the seeds where both reached it, as in tiny60s/paired.md, and the seeds where only one did are "
+            "listed under it; per algorithm, k/n as in tiny60s/horizon.md."]
+
+
+def report(a):
+    """The report's lines."""
+    lrs, source = rates(a.lr)
+    seeds = stats.parse_seeds(a.seeds)
+    what = "the study's runs" if a.steps == STEPS else "sweep runs, not the study's seeds"
+    lines = [f"# SmolLM2-135M-Instruct on arith, float32: reinforce - grpo paired by seed, {a.steps} steps ({what})",
+             ""]
+    if len(lrs) < len(ALGOS):
+        return lines + [f"**0 of {len(seeds)} seeds.** lr.json does not exist yet (the learning-rate sweep is still "
+                        "running) and --lr does not name both rates: no run to pair, nothing is claimed."]
+    runs, done = load(lrs, a.steps, seeds)
+    rates_text = ", ".join(f"{algo} at lr {lrs[algo]}" for algo in ALGOS)
+    lines.append(f"**{len(runs)} of {len(seeds)} seeds** ({sorted(runs) or 'none'}) have finished {a.steps}-step runs "
+                 f"of both algorithms; {rates_text} (from {source}).")
+    if len(runs) < 2:
+        finished_text = "; ".join(f"{algo}: {done[algo] or 'none'}" for algo in ALGOS)
+        return lines + ["", f"Fewer than 2 seeds have finished runs of both algorithms (finished seeds: "
+                        f"{finished_text}): no paired difference is computed and nothing is claimed."]
+    eval_steps = sorted({e["step"] for r in runs.values() for _, ev in r.values() for e in ev} - {0})
+    eval_steps = [s for s in eval_steps if all(any(e["step"] == s for e in ev) for r in runs.values()
+                                               for _, ev in r.values())]
+    auc = [mean(runs[s]["reinforce"][0], "reward_mean") - mean(runs[s]["grpo"][0], "reward_mean") for s in runs]
+    lo, hi = stats.t_interval(auc)
+    lines += ["", f"Train reward AUC, reinforce - grpo: {statistics.mean(auc):+.3f} [{lo:+.3f}, {hi:+.3f}] (95% "
+              f"t-interval over {len(runs)} seeds); claim \"{FASTER[0]}\": {stats.verdict(lo, hi, FASTER[1])}.", "",
+              RULE]
+    if a.steps != STEPS:
+        lines += ["", f"These are {a.steps}-step sweep runs, not the study's 100-step seeds: every verdict below is "
+                  "the rule applied to them alone, not a verdict of the study."]
+    elif len(runs) < len(seeds):
+        lines += ["", f"Interim: {len(runs)} of {len(seeds)} seeds. Every verdict below is the rule applied to these "
+                  f"{len(runs)} seeds alone; the study's verdicts are those over all {len(seeds)}."]
+    lines += ["", "## Paired differences", ""]
+    lines += paired_table(runs, a.steps, eval_steps)
+    lines += ["", starts(runs), "", "## Spread over seeds", ""] + spread(runs, lrs)
+    lines += ["", "## Per seed", ""] + per_seed(runs)
+    lines += ["", "## Runs", ""] + provenance(lrs, a.steps, sorted(runs))
+    return lines + ["", "## Definitions", ""] + notes(a.steps)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--steps", type=int, default=STEPS, help="100: the study's seeds; 50: the sweep's runs")
+    p.add_argument("--lr", action="append", metavar="ALGO=RATE", help="e.g. grpo=1e-5 (default: lr.json's chosen)")
+    p.add_argument("--seeds", default=SEEDS, help="'0-9', '100,101'")
+    p.add_argument("--md", default=None, help="where to write the report (default: report.md for the study itself)")
+    a = p.parse_args()
+    for spec in a.lr or []:
+        if spec.partition("=")[0] not in ALGOS or not spec.partition("=")[2]:
+            p.error(f"--lr {spec}: expected grpo=RATE or reinforce=RATE")
+    text = "\n".join(report(a)) + "\n"
+    md = a.md or (os.path.join(HERE, "report.md") if a.steps == STEPS and not a.lr else None)
+    if md:
+        with open(md, "w") as f:
+            f.write(text)
+    print(text, end="")
+
+
+if __name__ == "__main__":
+    main()
