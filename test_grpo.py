@@ -3420,6 +3420,18 @@ def test_the_readmes_algorithm_lines_are_the_algorithm():
     assert [x for x in lines[last:last + 3] if x] == ["# " + "=" * 114]
 
 
+def test_every_name_of_the_readmes_formula_table_is_in_grpo():
+    """README.md's table from the paper's terms to grpo.py: each function it names (`name` or `name(...)`) exists, and
+    each key of a result (`generate`'s `completion_mask`) is one grpo.py writes."""
+    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    table = text.split("| term | where in grpo.py |", 1)[1].split("\n\n", 1)[0]
+    cells = [cell for line in table.splitlines()[2:] for cell in re.findall(r"`([^`]+)`", line.rsplit(" | ", 1)[1])]
+    names = [m.group(1) for m in map(re.compile(r"([A-Za-z_]\w*)(\(|$)").match, cells) if m]  # not `--loss-agg seq`
+    assert len(names) >= 15
+    src = open(grpo.__file__, encoding="utf-8").read()  # or a key of what a function returns: `generate`'s `...`
+    assert [n for n in names if not callable(getattr(grpo, n, None)) and f'"{n}":' not in src] == []
+
+
 def test_every_flag_of_the_readmes_trl_and_verl_table_exists():
     """The first column of README.md's "Coming from TRL or verl" table: each flag and each value it names."""
     text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
