@@ -3,6 +3,7 @@
     python results/smollm2_float32/run.py sweep --seeds 100       # one queue; a second one takes --seeds 101
     python results/smollm2_float32/run.py pick                    # the rule of README.md -> lr.json
     python results/smollm2_float32/run.py seeds --seeds 0-4       # 100-step runs at the picked rates
+    python results/smollm2_float32/run.py seeds --algos grpo      # one algorithm's seeds, a queue of its own
 
 Each run is `grpo.py` with FLAGS in a child process on one thread, its folder under runs/smollm2_float32/ (checkpoint
 every 10 steps). A run whose file here exists is skipped; a run stopped part-way continues from its last checkpoint.
@@ -111,6 +112,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["sweep", "pick", "seeds"])
     p.add_argument("--seeds", default="0-9", help="'100', '0-4'")
+    p.add_argument("--algos", default=",".join(ALGOS), help="seeds: which algorithms ('grpo': a queue of its own)")
     a = p.parse_args()
     if a.what == "sweep":
         for seed in seed_list(a.seeds):
@@ -125,7 +127,7 @@ def main():
     else:
         lrs = json.load(open(os.path.join(HERE, "lr.json")))
         for seed in seed_list(a.seeds):
-            for algo in ALGOS:
+            for algo in a.algos.split(","):
                 run_one("seeds", algo, lrs[algo]["chosen"], seed, STEPS)
 
 
