@@ -574,7 +574,9 @@ def reference_model(model, dtype):
     ref = copy.deepcopy(model).eval().requires_grad_(False)
     if dtype == "bfloat16":
         for m in ref.modules():
-            if isinstance(m, torch.nn.Linear):  # a head tied to the embedding gets a bf16 copy of its own
+            # a tied head gets a bf16 copy of its own; a Linear that a model runs outside autocast on purpose (some
+            # MoE routers) would not match the policy's: tested on the gpt2, llama, qwen2 and gemma3 families
+            if isinstance(m, torch.nn.Linear):
                 m.weight = torch.nn.Parameter(m.weight.to(torch.bfloat16), requires_grad=False)
                 if m.bias is not None:
                     m.bias = torch.nn.Parameter(m.bias.to(torch.bfloat16), requires_grad=False)
