@@ -16,7 +16,8 @@ The policy is then trained on PPO's clipped surrogate plus a KL penalty to a fro
 
 averaged over the B questions of a step. `--algo reinforce` uses adv_i = r_i (no baseline), `--algo drgrpo` (Liu et
 al. 2025) drops the std division and the 1/|o_i| normalization. With on-policy samples the k3 term's expected
-gradient is that of KL(pi_ref || pi_theta); `--kl-ratio-correction` turns it into KL(pi_theta || pi_ref)'s, as TRL.
+gradient is that of KL(pi_ref || pi_theta); `--kl-ratio-correction` multiplies kl_it by ratio_it (1 at mu = 1), which
+makes it KL(pi_theta || pi_ref)'s, as TRL does (`per_token_loss`).
 
 Task: GSM8K. Reward 1.0 if the answer's final number equals the reference, else 0.0: the number after the last `####`
 (--reward strict), or else the last number in the text (lenient); nothing else is mixed into the reward.
@@ -24,9 +25,10 @@ Task: GSM8K. Reward 1.0 if the answer's final number equals the reference, else 
 Run it: `python grpo.py --G 8 --algo grpo` (README.md: the two settings it picks from, torchrun and every flag).
 
 Reading order: data -> reward -> group sampling -> log-probs -> advantages -> loss -> one training step ->
-evaluation -> the main loop (`train`). Then the infrastructure, each part reached by one call: flags and settings,
-loading, the run's bookkeeping and files, input checks, torchrun, checkpoints and stop signals. Left out to keep the
-algorithm in view: a value model (the point of GRPO), inference engines, LoRA, learning-rate schedules, sharding.
+evaluation -> the main loop (`train`), which reads `args.G`, `args.beta`, ... as the paper names them. Then the
+infrastructure, each part reached by one call: flags and settings (`python grpo.py --help`), loading, the run's
+bookkeeping and files, input checks, torchrun, checkpoints and stop signals. Left out to keep the algorithm in view:
+a value model (the point of GRPO), inference engines, LoRA, learning-rate schedules, sharding, reward models.
 """
 
 import argparse
