@@ -206,5 +206,6 @@ gzip -c runs/gemma_arith4/metrics.jsonl > results/gemma3_base/gemma3_lr2e-6_B2_5
 #   (../shared/gsm8k) and on every eval sample saved under results/ (so after the runs above).
 python -m results.extraction.compare
 
-# smollm2_float32/: its runs are in progress; results/smollm2_float32/README.md has its rule and its commands
-#   (python results/smollm2_float32/run.py sweep / pick / seeds).
+# smollm2_float32/: its seeds are in progress; results/smollm2_float32/README.md has its rule and its commands
+#   (python results/smollm2_float32/run.py sweep / pick / seeds). Its report from the runs finished so far:
+python -m results.smollm2_float32.report
