@@ -802,7 +802,8 @@ def resolve_dtype(dtype, device):
     if str(device).startswith("cuda"):  # a string or a torch.device; check_args rejects a GPU torch cannot see
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     # torch reports the CPU's instruction set extensions only through these private helpers (torch >= 2.1)
-    native = (getattr(torch.cpu, f"_is_{x}_supported", lambda: False)() for x in ("avx512_bf16", "amx_tile"))
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    native = [getattr(torch.cpu, name, lambda: False)() for name in probes]
     return "bfloat16" if any(native) else "float32"
 
 
@@ -1225,7 +1226,6 @@ class Outputs:
                 f.close()
         if self.wandb is not None:
             self.wandb.finish(exit_code=1 if failed else 0)
-
 
 
 def open_log(path, header, keep_until=None):

@@ -1278,7 +1278,7 @@ def test_the_bf16_reference_gives_autocasts_log_probs_bit_for_bit(tiny_arch):
     batch = rollout(model, tokenizer, eos_ids, seed=3)
     ids, attn, T = batch["input_ids"], batch["attention_mask"], batch["completion_mask"].shape[1]
     ref = grpo.reference_model(model, "bfloat16")
-    want = grpo.completion_logprobs(copy.deepcopy(model), ids, attn, T, 0.7, dtype="bfloat16")
+    want = grpo.completion_logprobs(model, ids, attn, T, 0.7, dtype="bfloat16")  # the policy, cast by autocast
     assert torch.equal(grpo.completion_logprobs(ref, ids, attn, T, 0.7, dtype="bfloat16"), want)
     linear = {id(p) for m in ref.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters()}
     assert {p.dtype for p in ref.parameters() if id(p) in linear} == {torch.bfloat16}

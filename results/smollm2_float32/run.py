@@ -114,6 +114,9 @@ def main():
     p.add_argument("--seeds", default="0-9", help="'100', '0-4'")
     p.add_argument("--algos", default=",".join(ALGOS), help="seeds: which algorithms ('grpo': a queue of its own)")
     a = p.parse_args()
+    unknown = sorted(set(a.algos.split(",")) - set(ALGOS))
+    if unknown:
+        p.error(f"--algos: unknown {', '.join(unknown)}; choose from {', '.join(ALGOS)}")
     if a.what == "sweep":
         for seed in seed_list(a.seeds):
             for lr in SWEEP_LRS:
