@@ -30,6 +30,7 @@ import time
 import torch
 
 import grpo
+from results.smollm2_float32.run import machine  # the commit, CPU model and torch that made a result
 
 ALGOS = ("grpo", "reinforce")
 
@@ -123,7 +124,7 @@ def main():
     grams = {algo: Gram(a.batches) for algo in ALGOS}
     n_params = sum(w.numel() for w in params)
     rewards_seen = []
-    t0 = time.time()
+    t0, cpu0 = time.time(), time.process_time()
     for k in range(a.batches):
         batch = grpo.generate(model, tokenizer, prompts, eos_ids, a.max_new_tokens, repeat=a.G,
                               temperature=a.temperature)
@@ -157,7 +158,7 @@ def main():
     result = {"model": a.model, "task": a.task, "train_steps": a.train_steps, "K": a.batches, "G": a.G,
               "B": a.batch_prompts, "max_new_tokens": a.max_new_tokens, "temperature": a.temperature,
               "reward_mean": sum(rewards_seen) / len(rewards_seen), "batch_rewards": rewards_seen,
-              "seconds": round(time.time() - t0, 1)}
+              "seconds": round(time.time() - t0, 1), "cpu_s": round(time.process_time() - cpu0, 1), **machine()}
     for algo in ALGOS:
         result[algo] = grams[algo].summary()
     result["variance_ratio_grpo_over_reinforce"] = (result["grpo"]["total_variance"]
