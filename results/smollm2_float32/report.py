@@ -30,6 +30,11 @@ AHEAD = ("GRPO ends above REINFORCE", -1)
 ENTROPY = ("without a baseline the entropy falls faster", -1)
 DRIFT = ("REINFORCE drifts further from the reference late", +1)
 SPREAD = ("GRPO's runs end closer together (lower variance)", +1)
+LOWER = ("GRPO's gradient estimate has lower variance than REINFORCE's", -1)  # a ratio grpo / reinforce below 1
+
+# The gradient-variance measurements (grad_variance.py), by the policy each was taken at.
+VARIANCE = (("the starting policy", "variance/start.json"),
+            ("grpo seed 0 after 50 of its 100 steps", "variance/step50.json"))
 
 
 def rates(given):
@@ -166,6 +171,33 @@ def spread(runs, lrs):
                     f"{SPREAD[0]}, ratio > 1. Verdict: {said}."]
 
 
+def variance():
+    """The relative gradient variance of the two estimators, grpo / reinforce, at each policy measured so far."""
+    from results.variance.grad_variance import ratio_ci  # torch and grpo load only when a measurement exists
+    lines = ["| policy | K batches | mean reward | batches with a zero grpo gradient | relative variance, grpo / "
+             "reinforce | ratio [95% CI] | total variance ratio [95% CI] | mean cosine, grpo / reinforce | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for policy, name in VARIANCE:
+        path = os.path.join(HERE, name)
+        if not os.path.exists(path):
+            lines.append(f"| {policy} | not measured yet ({name}) | | | | | | | |")
+            continue
+        d = json.load(open(path))
+        g, r = d["grpo"], d["reinforce"]
+        (tlo, thi), (lo, hi) = ratio_ci(d)
+        ratio = d["rel_variance_ratio_grpo_over_reinforce"]
+        lines.append(f"| {policy} | {d['K']} | {d['reward_mean']:.3f} | {g['zero_grad_batches']} "
+                     f"| {g['rel_variance']:.2f} / {r['rel_variance']:.2f} | {ratio:.2f} [{lo:.2f}, {hi:.2f}] "
+                     f"| {d['variance_ratio_grpo_over_reinforce']:.2f} [{tlo:.2f}, {thi:.2f}] "
+                     f"| {g['mean_cosine']:.3f} / {r['mean_cosine']:.3f} | {stats.verdict(lo - 1, hi - 1, LOWER[1])} |")
+    return lines + ["", "grad_variance.py: the same B = 2 arith questions in each of K rollout batches of G = 8 "
+                    "answers (64 new tokens, T = 0.7, lenient reward, float32); per batch the gradient of one step "
+                    "(mu = 1, no KL term) with each algorithm's advantages from the same rollouts. Relative variance: "
+                    "the trace of the gradients' covariance over their mean's squared norm (scale-free: GRPO's std "
+                    "division rescales its gradient); CI: 95% percentile bootstrap over the K batches, the same "
+                    f"resample for both algorithms. Claim: {LOWER[0]}, ratio < 1."]
+
+
 def per_seed(runs):
     """Seed, grpo AUC, reinforce AUC and their difference."""
     lines = ["| seed | grpo AUC | reinforce AUC | reinforce - grpo |", "|---|---|---|---|"]
@@ -277,6 +309,8 @@ def report(a):
     lines += paired_table(runs, a.steps, eval_steps)
     lines += ["", starts(runs), "", "## Spread over seeds", ""] + spread(runs, lrs)
     lines += ["", "## Per seed", ""] + per_seed(runs)
+    if a.steps == STEPS:
+        lines += ["", "## Gradient variance", ""] + variance()
     lines += ["", "## Runs", ""] + provenance(lrs, a.steps, sorted(runs))
     return lines + ["", "## Definitions", ""] + notes(a.steps)
 

@@ -9,7 +9,8 @@ Each run is `grpo.py` with FLAGS in a child process on one thread, its folder un
 every 10 steps). A run whose file here exists is skipped; a run stopped part-way continues from its last checkpoint.
 When a run ends its metrics.jsonl is gzipped into this folder as <setting>/<algo>_seed<k>.jsonl.gz, the scheme
 of every study here (setting: smollm2_lr<lr>_B2_<steps>steps), and one line is appended to runs.jsonl: wall and
-CPU seconds summed over its attempts, and for each attempt the commit, the CPU model and torch.
+CPU seconds summed over its attempts, and for each attempt the commit, the CPU model, torch, its own seconds and its
+exit status (none for an attempt killed with its session, whose seconds are those noted last, every 30 s).
 """
 import argparse
 import gzip
@@ -29,6 +30,7 @@ SWEEP_LRS = ["3e-6", "1e-5", "3e-5"]
 SWEEP_STEPS = 50
 STEPS = 100
 ALGOS = ["grpo", "reinforce"]
+NOTE_S = 30  # how often a running attempt's time is written down
 
 
 def machine():
@@ -40,6 +42,16 @@ def machine():
     return {"commit": commit + ("+dirty" if dirty.stdout.strip() else ""), "cpu": cpu, "torch": torch.__version__}
 
 
+def cpu_seconds(pid):
+    """User + system CPU seconds of a running process so far (/proc/PID/stat, fields 14 and 15 after the name)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:  # it has just ended: wait4 gives the exact number next
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def run_one(kind, algo, lr, seed, steps):
     """One grpo.py run unless its file exists; resumes from its checkpoint where an earlier attempt left one."""
     name = f"{algo}_lr{lr}_seed{seed}"  # its scratch folder's name
@@ -47,7 +59,7 @@ def run_one(kind, algo, lr, seed, steps):
     if os.path.exists(final):
         return
     out = os.path.join(SCRATCH, kind, name)
-    spent_path = os.path.join(out, "..", name + ".spent.json")  # beside the run's folder, which grpo.py owns
+    spent_path = os.path.join(SCRATCH, kind, name + ".spent.json")  # beside the run's folder, which grpo.py owns
     spent = json.load(open(spent_path)) if os.path.exists(spent_path) else {"wall_s": 0.0, "cpu_s": 0.0, "attempts": []}
     if os.path.isdir(os.path.join(out, "checkpoint")):
         argv = ["--resume", out]
@@ -55,19 +67,31 @@ def run_one(kind, algo, lr, seed, steps):
         shutil.rmtree(out, ignore_errors=True)  # this script's own folder, killed before its first checkpoint
         argv = [*FLAGS, "--algo", algo, "--lr", lr, "--seed", str(seed), "--steps", str(steps), "--out", out]
     os.makedirs(os.path.dirname(out), exist_ok=True)
-    spent["attempts"].append(machine())
+    attempt = machine()
+    spent["attempts"].append(attempt)
+    before = spent["wall_s"], spent["cpu_s"]  # the attempts before this one, a killed one up to its last note
+
+    def note(wall_s, cpu_s):
+        """This attempt's time so far into spent.json: an attempt killed with the session loses at most NOTE_S."""
+        attempt["wall_s"], attempt["cpu_s"] = round(wall_s, 1), round(cpu_s, 1)
+        spent["wall_s"], spent["cpu_s"] = before[0] + wall_s, before[1] + cpu_s
+        with open(spent_path + ".tmp", "w") as f:
+            json.dump(spent, f)
+        os.replace(spent_path + ".tmp", spent_path)
+
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     t0 = time.time()
     with open(os.path.join(SCRATCH, kind, name + ".log"), "a") as log:
         child = subprocess.Popen([sys.executable, os.path.join(ROOT, "grpo.py"), *argv], cwd=ROOT, env=env,
                                  stdout=log, stderr=subprocess.STDOUT)
-        _, status, usage = os.wait4(child.pid, 0)
-    spent["wall_s"] += time.time() - t0
-    spent["cpu_s"] += usage.ru_utime + usage.ru_stime
-    with open(spent_path, "w") as f:
-        json.dump(spent, f)
-    if os.waitstatus_to_exitcode(status) != 0:
-        sys.exit(f"error: {name} failed (exit {os.waitstatus_to_exitcode(status)}); see its .log in {SCRATCH}/{kind}")
+        while not (waited := os.wait4(child.pid, os.WNOHANG))[0]:
+            note(time.time() - t0, cpu_seconds(child.pid))
+            time.sleep(NOTE_S)
+    _, status, usage = waited
+    attempt["exit"] = os.waitstatus_to_exitcode(status)
+    note(time.time() - t0, usage.ru_utime + usage.ru_stime)
+    if attempt["exit"] != 0:
+        sys.exit(f"error: {name} failed (exit {attempt['exit']}); see its .log in {SCRATCH}/{kind}")
     os.makedirs(os.path.dirname(final), exist_ok=True)
     with open(os.path.join(out, "metrics.jsonl"), "rb") as src, gzip.open(final + ".tmp", "wb") as dst:
         shutil.copyfileobj(src, dst)
