@@ -207,5 +207,14 @@ gzip -c runs/gemma_arith4/metrics.jsonl > results/gemma3_base/gemma3_lr2e-6_B2_5
 python -m results.extraction.compare
 
 # smollm2_float32/: its seeds are in progress; results/smollm2_float32/README.md has its rule and its commands
-#   (python results/smollm2_float32/run.py sweep / pick / seeds). Its report from the runs finished so far:
+#   (python results/smollm2_float32/run.py sweep / pick / seeds). The gradient variance at the starting policy and
+#   at grpo seed 0's step 50 (the seed-0 run stopped at 50 steps), then the report from the runs finished so far:
+OMP_NUM_THREADS=1 python -m results.variance.grad_variance --model smollm2 --task arith --batches 32 --G 8 \
+  --batch-prompts 2 --max-new-tokens 64 --temperature 0.7 --out results/smollm2_float32/variance/start.json
+OMP_NUM_THREADS=1 python grpo.py --model smollm2 --dataset arith --G 8 --batch-prompts 2 --max-new-tokens 64 \
+  --temperature 0.7 --eval-every 50 --eval-n 200 --dtype float32 --algo grpo --lr 1e-5 --seed 0 --steps 50 \
+  --out runs/smollm2_float32/grpo_seed0_step50
+OMP_NUM_THREADS=1 python -m results.variance.grad_variance --model runs/smollm2_float32/grpo_seed0_step50 \
+  --task arith --batches 32 --G 8 --batch-prompts 2 --max-new-tokens 64 --temperature 0.7 \
+  --out results/smollm2_float32/variance/step50.json
 python -m results.smollm2_float32.report
