@@ -3407,6 +3407,91 @@ def test_horizon_pairs_each_difference_over_the_seeds_both_algorithms_have():
                                                  f"{0.1 / math.sqrt(2):.3f} | 1.0 [")
 
 
+def test_the_gram_of_k_gradients_gives_their_variance_and_cosines():
+    from results.variance.grad_variance import Gram
+    g = torch.tensor([[1.0, 0.0, 2.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, -1.0, 1.0]])
+    gram = Gram(len(g))
+    for x in g:
+        gram.add(x.clone())
+    got = gram.summary()
+    mean = g.mean(0)  # from the vectors themselves, not from their inner products
+    total = ((g - mean) ** 2).sum(1).mean().item()
+    assert got["total_variance"] == pytest.approx(total, rel=1e-6)
+    assert got["mean_grad_norm"] == pytest.approx(mean.norm().item(), rel=1e-6)
+    assert got["rel_variance"] == pytest.approx(total / mean.norm().item() ** 2, rel=1e-6)
+    cos = [torch.nn.functional.cosine_similarity(x, mean, dim=0).item() if x.norm() > 0 else 0.0 for x in g]
+    assert got["mean_cosine"] == pytest.approx(sum(cos) / len(cos), rel=1e-6)
+    assert got["zero_grad_batches"] == 1
+
+
+def test_the_float32_studys_variance_rows_follow_from_the_batches(tmp_path, monkeypatch):
+    from results.smollm2_float32 import report
+    from results.variance.grad_variance import Gram
+    noise = torch.randn(16, 50, generator=torch.Generator().manual_seed(0))
+    mean = torch.ones(50)
+
+    def measured(grpo_g, reinforce_g):
+        d = {"K": 16, "reward_mean": 0.25}
+        for algo, g in (("grpo", grpo_g), ("reinforce", reinforce_g)):
+            gram = Gram(16)
+            for x in g:
+                gram.add(x.clone())
+            d[algo] = gram.summary()
+        d["variance_ratio_grpo_over_reinforce"] = d["grpo"]["total_variance"] / d["reinforce"]["total_variance"]
+        d["rel_variance_ratio_grpo_over_reinforce"] = d["grpo"]["rel_variance"] / d["reinforce"]["rel_variance"]
+        return d
+
+    (tmp_path / "variance").mkdir()
+    # REINFORCE's gradients twice GRPO's: the same relative variance in every resample, the total variance a quarter
+    (tmp_path / "variance" / "start.json").write_text(json.dumps(measured(mean + noise, 2 * (mean + noise))))
+    # GRPO's noise ten times REINFORCE's around the same mean: a relative variance 100x, every resample far above 1
+    (tmp_path / "variance" / "step50.json").write_text(json.dumps(measured(mean + 10 * noise, mean + noise)))
+    monkeypatch.setattr(report, "HERE", str(tmp_path))
+    start, step50 = [line for line in report.variance() if line.startswith("| the starting policy")
+                     or line.startswith("| grpo seed 0")]
+    assert "| 1.00 [1.00, 1.00] | 0.25 [0.25, 0.25] |" in start and start.endswith("| inconclusive |")
+    rel = lambda g: ((g - g.mean(0)) ** 2).sum(1).mean().item() / g.mean(0).norm().item() ** 2  # noqa: E731
+    want = rel(mean + 10 * noise) / rel(mean + noise)
+    assert step50.split(" | ")[5].startswith(f"{want:.2f} [")
+    assert step50.endswith("| contradicted |")  # the claim predicts a ratio below 1
+
+
+def test_the_float32_studys_runner_keeps_the_time_of_a_killed_attempt(tmp_path, monkeypatch):
+    import multiprocessing
+    from results.smollm2_float32 import run
+    (tmp_path / "results").mkdir()
+    # a stand-in for grpo.py: makes its folder and checkpoint, burns 1 s of CPU, writes one metrics line
+    (tmp_path / "grpo.py").write_text(
+        "import os, sys, time\n"
+        "out = sys.argv[sys.argv.index('--resume' if '--resume' in sys.argv else '--out') + 1]\n"
+        "os.makedirs(os.path.join(out, 'checkpoint'), exist_ok=True)\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 1.0:\n"
+        "    pass\n"
+        "open(os.path.join(out, 'metrics.jsonl'), 'a').write('{}\\n')\n")
+    for name, value in (("ROOT", str(tmp_path)), ("HERE", str(tmp_path / "results")),
+                        ("SCRATCH", str(tmp_path / "runs")), ("NOTE_S", 0.1)):
+        monkeypatch.setattr(run, name, value)
+    monkeypatch.setattr(run, "machine", lambda: {"commit": "c"})
+    spent = tmp_path / "runs" / "seeds" / "grpo_lr1e-5_seed0.spent.json"
+    first = multiprocessing.get_context("fork").Process(target=run.run_one, args=("seeds", "grpo", "1e-5", 0, 100))
+    first.start()
+    deadline = time.time() + 30
+    while time.time() < deadline and not (spent.exists() and json.loads(spent.read_text())["cpu_s"] > 0.3):
+        time.sleep(0.05)
+    subprocess.run(["pkill", "-KILL", "-f", str(tmp_path / "grpo.py")])  # as the end of a session kills both
+    first.kill()
+    first.join()
+    killed = json.loads(spent.read_text())["attempts"][0]
+    assert 0.3 < killed["cpu_s"] < 1.0 and "exit" not in killed
+    run.run_one("seeds", "grpo", "1e-5", 0, 100)  # resumes from the checkpoint the first attempt left
+    line = json.loads((tmp_path / "results" / "runs.jsonl").read_text())
+    first_s, second = line["attempts"][0]["cpu_s"], line["attempts"][1]
+    assert first_s == killed["cpu_s"] and second["exit"] == 0 and second["cpu_s"] >= 1.0
+    assert line["cpu_s"] == pytest.approx(first_s + second["cpu_s"], abs=0.11)
+    assert (tmp_path / "results" / "smollm2_lr1e-5_B2_100steps" / "grpo_seed0.jsonl.gz").exists()
+
+
 # ------------------------------------------------------------------ README.md's pointers into grpo.py
 
 def test_the_readmes_algorithm_lines_are_the_algorithm():
