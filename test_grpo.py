@@ -3407,6 +3407,34 @@ def test_horizon_pairs_each_difference_over_the_seeds_both_algorithms_have():
                                                  f"{0.1 / math.sqrt(2):.3f} | 1.0 [")
 
 
+def test_the_float32_studys_paired_rows_follow_from_the_seeds():
+    from results.smollm2_float32 import report
+
+    def run(z):  # train reward 0 for z steps, then 1: AUC (100 - z) / 100, a trailing 10-step mean of 0.6 at z + 6
+        train = [{"step": i + 1, "reward_mean": float(i >= z), "entropy": 0.5, "kl": 0.1, "completion_len": 30.0,
+                  "frac_zero_std": 0.5} for i in range(100)]
+        return train, [{"step": s, "acc_lenient": 0.5, "acc_strict": 0.1} for s in (0, 50, 100)]
+
+    zeros = [(30, 20), (40, 20), (50, 96)]  # (grpo, reinforce) per seed
+    runs = {seed: {"grpo": run(zg), "reinforce": run(zr)} for seed, (zg, zr) in enumerate(zeros)}
+    lines = report.paired_table(runs, 100, [50, 100])
+    row = lambda first: next(x for x in lines if x.startswith(first)).split(" | ")  # noqa: E731
+    # AUC, reinforce - grpo: +0.1, +0.2, -0.46; t(2) = 4.302653; leaving out one seed: -0.13, -0.18, +0.15; of the 8
+    # sign patterns of (0.1, 0.2, 0.46) none has a sum nearer 0 than the observed -0.16: sign-flip p = 1
+    d = [0.1, 0.2, -0.46]
+    half = 4.302653 * statistics.stdev(d) / math.sqrt(3)
+    auc = row("| train reward AUC")
+    assert auc[2:7] == [f"{sum(d) / 3:+.3f}", f"[{sum(d) / 3 - half:+.3f}, {sum(d) / 3 + half:+.3f}]", "1.000",
+                        "[-0.180, +0.150]", "2/3"]
+    assert auc[-1] == "inconclusive |"
+    # steps to 0.6: seeds 0 and 1 (26 - 36, 26 - 46), t(1) = 12.706205; seed 2's reinforce never gets there
+    half = 12.706205 * statistics.stdev([-10, -20]) / math.sqrt(2)
+    steps = row("| steps to a train reward of 0.6")
+    assert steps[1:4] == ["2", "-15.0", f"[{-15 - half:+.1f}, {-15 + half:+.1f}]"]
+    assert "- reached by grpo only, left out of the paired row: seeds [2]" in lines
+    assert row("| KL, last 10 steps")[2:4] == ["+0.000", "[+0.000, +0.000]"]
+
+
 def test_the_gram_of_k_gradients_gives_their_variance_and_cosines():
     from results.variance.grad_variance import Gram
     g = torch.tensor([[1.0, 0.0, 2.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, -1.0, 1.0]])
