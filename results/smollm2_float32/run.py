@@ -48,7 +48,7 @@ def cpu_seconds(pid):
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:  # it has just ended: wait4 gives the exact number next
-        return 0.0
+        return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
@@ -85,7 +85,9 @@ def run_one(kind, algo, lr, seed, steps):
         child = subprocess.Popen([sys.executable, os.path.join(ROOT, "grpo.py"), *argv], cwd=ROOT, env=env,
                                  stdout=log, stderr=subprocess.STDOUT)
         while not (waited := os.wait4(child.pid, os.WNOHANG))[0]:
-            note(time.time() - t0, cpu_seconds(child.pid))
+            cpu_s = cpu_seconds(child.pid)
+            if cpu_s is not None:  # never note 0 over a time already noted
+                note(time.time() - t0, cpu_s)
             time.sleep(NOTE_S)
     _, status, usage = waited
     attempt["exit"] = os.waitstatus_to_exitcode(status)
