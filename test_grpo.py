@@ -3435,6 +3435,24 @@ def test_the_float32_studys_paired_rows_follow_from_the_seeds():
     assert row("| KL, last 10 steps")[2:4] == ["+0.000", "[+0.000, +0.000]"]
 
 
+def test_the_float32_studys_per_algorithm_rows_average_the_seeds():
+    from results.smollm2_float32 import report
+
+    def run(reward, end):  # entropy 1.0 then 0.2 and KL 0.0 then 0.5 over the last 10 steps: a wrong window shows
+        train = [{"step": i + 1, "reward_mean": reward, "entropy": 1.0 if i < 90 else 0.2, "kl": 0.0 if i < 90 else 0.5}
+                 for i in range(100)]
+        return train, [{"step": s, "acc_lenient": a, "acc_strict": a / 2} for s, a in ((0, 0.4), (50, 0.0), (100, end))]
+
+    runs = {seed: {"grpo": run(g, 0.8), "reinforce": run(r, e)}
+            for seed, (g, r, e) in enumerate([(0.1, 0.5, 0.6), (0.2, 0.5, 0.7), (0.6, 0.5, 0.8)])}
+    grpo, reinforce = (line.split(" | ") for line in report.per_algo(runs, 100)[2:])
+    assert grpo[:2] == ["| grpo", "3"] and grpo[2].startswith(f"{0.9 / 3:.3f} [")
+    assert grpo[3:] == ["0.400 → 0.800 [0.800, 0.800]", "0.200 → 0.400 [0.400, 0.400]", "0.200 [0.200, 0.200]",
+                        "0.500 [0.500, 0.500] |"]
+    assert reinforce[2] == "0.500 [0.500, 0.500]"
+    assert reinforce[3].startswith(f"0.400 → {0.7:.3f} [") and reinforce[4].startswith(f"0.200 → {0.35:.3f} [")
+
+
 def test_the_gram_of_k_gradients_gives_their_variance_and_cosines():
     from results.variance.grad_variance import Gram
     g = torch.tensor([[1.0, 0.0, 2.0], [3.0, 1.0, 0.0], [0.0, 0.0, 0.0], [2.0, -1.0, 1.0]])

@@ -198,6 +198,22 @@ def variance():
                     f"resample for both algorithms. Claim: {LOWER[0]}, ratio < 1."]
 
 
+def per_algo(runs, steps):
+    """Per algorithm, the mean over seeds with its 95% bootstrap CI (stats.ci, as the front page's tables): train
+    reward AUC, held-out accuracy at step 0 and at the last step, entropy and KL over the last steps."""
+    seeds = sorted(runs)
+    lines = [f"| algo | seeds | train reward AUC | held-out acc_lenient, step 0 → {steps} | held-out acc_strict, "
+             f"step 0 → {steps} | entropy, last {LAST} steps | KL, last {LAST} steps |", "|---" * 7 + "|"]
+    for algo in ALGOS:
+        tr, ev = zip(*(runs[s][algo] for s in seeds))
+        cells = [stats.ci([mean(t, "reward_mean") for t in tr])]
+        cells += [f"{statistics.mean(at(e, 0, key) for e in ev):.3f} → {stats.ci([at(e, steps, key) for e in ev])}"
+                  for key in ("acc_lenient", "acc_strict")]
+        cells += [stats.ci([mean(t[-LAST:], key) for t in tr]) for key in ("entropy", "kl")]
+        lines.append(f"| {algo} | {len(seeds)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def per_seed(runs):
     """Seed, grpo AUC, reinforce AUC and their difference."""
     lines = ["| seed | grpo AUC | reinforce AUC | reinforce - grpo |", "|---|---|---|---|"]
@@ -307,7 +323,8 @@ def report(a):
                   f"{len(runs)} seeds alone; the study's verdicts are those over all {len(seeds)}."]
     lines += ["", "## Paired differences", ""]
     lines += paired_table(runs, a.steps, eval_steps)
-    lines += ["", starts(runs), "", "## Spread over seeds", ""] + spread(runs, lrs)
+    lines += ["", starts(runs), "", "## Per algorithm", ""] + per_algo(runs, a.steps)
+    lines += ["", "## Spread over seeds", ""] + spread(runs, lrs)
     lines += ["", "## Per seed", ""] + per_seed(runs)
     if a.steps == STEPS:
         lines += ["", "## Gradient variance", ""] + variance()
