@@ -3543,6 +3543,24 @@ def test_the_float32_studys_runner_keeps_the_time_of_a_killed_attempt(tmp_path, 
     assert (tmp_path / "results" / "smollm2_lr1e-5_B2_100steps" / "grpo_seed0.jsonl.gz").exists()
 
 
+
+def test_the_float32_studys_runner_keeps_the_sweep_off_the_studys_seeds(tmp_path, monkeypatch):
+    from results.smollm2_float32 import run
+    (tmp_path / "lr.json").write_text(json.dumps({"grpo": {"chosen": "1e-5"}, "reinforce": {"chosen": "3e-6"}}))
+    monkeypatch.setattr(run, "HERE", str(tmp_path))
+    started = []
+    monkeypatch.setattr(run, "run_one", lambda *job: started.append(job))
+    for argv in (["sweep"], ["seeds"], ["seeds", "--seeds", "3", "--algos", "reinforce"]):
+        monkeypatch.setattr(sys, "argv", ["run.py", *argv])
+        run.main()
+    # the sweep: seeds 100 and 101 only, each rate, both algorithms; the seeds: 0-9 at each algorithm's own rate
+    sweep = [("sweep", algo, lr, seed, 50) for seed in (100, 101) for lr in ("3e-6", "1e-5", "3e-5")
+             for algo in ("grpo", "reinforce")]
+    seeds = [("seeds", algo, lr, seed, 100) for seed in range(10)
+             for algo, lr in (("grpo", "1e-5"), ("reinforce", "3e-6"))]
+    assert started == sweep + seeds + [("seeds", "reinforce", "3e-6", 3, 100)]
+
+
 # ------------------------------------------------------------------ README.md's pointers into grpo.py
 
 def test_the_readmes_algorithm_lines_are_the_algorithm():

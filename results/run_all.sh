@@ -206,9 +206,15 @@ gzip -c runs/gemma_arith4/metrics.jsonl > results/gemma3_base/gemma3_lr2e-6_B2_5
 #   (../shared/gsm8k) and on every eval sample saved under results/ (so after the runs above).
 python -m results.extraction.compare
 
-# smollm2_float32/: its seeds are in progress; results/smollm2_float32/README.md has its rule and its commands
-#   (python results/smollm2_float32/run.py sweep / pick / seeds). The gradient variance at the starting policy and
-#   at grpo seed 0's step 50 (the seed-0 run stopped at 50 steps), then the report from the runs finished so far:
+# smollm2_float32/: the learning-rate sweep (seeds 100 and 101, 50 steps), the rule of its README.md that picks each
+#   algorithm's rate into lr.json, then seeds 0-9 of both at those rates (100 steps; 22-38 CPU minutes a run
+#   on a 2-core Xeon with AMX; a second queue can take `seeds --algos reinforce` while this one runs --algos grpo).
+#   A stopped queue continues where it was: finished runs are skipped, a stopped run resumes from its checkpoint.
+python results/smollm2_float32/run.py sweep
+python results/smollm2_float32/run.py pick
+python results/smollm2_float32/run.py seeds
+#   The gradient variance at the starting policy and at grpo seed 0's step 50 (the seed-0 run stopped at 50
+#   steps), then the paired report over the 10 seeds:
 OMP_NUM_THREADS=1 python -m results.variance.grad_variance --model smollm2 --task arith --batches 32 --G 8 \
   --batch-prompts 2 --max-new-tokens 64 --temperature 0.7 --out results/smollm2_float32/variance/start.json
 OMP_NUM_THREADS=1 python grpo.py --model smollm2 --dataset arith --G 8 --batch-prompts 2 --max-new-tokens 64 \

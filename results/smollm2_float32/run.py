@@ -1,6 +1,7 @@
 """SmolLM2-135M-Instruct on arith in float32: GRPO vs REINFORCE, each at a learning rate of its own, 10 seeds.
 
     python results/smollm2_float32/run.py sweep --seeds 100       # one queue; a second one takes --seeds 101
+    python results/smollm2_float32/run.py sweep                   # or both sweep seeds, 100-101, in one queue
     python results/smollm2_float32/run.py pick                    # the rule of README.md -> lr.json
     python results/smollm2_float32/run.py seeds --seeds 0-4       # 100-step runs at the picked rates
     python results/smollm2_float32/run.py seeds --algos grpo      # one algorithm's seeds, a queue of its own
@@ -137,14 +138,14 @@ def seed_list(spec):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("what", choices=["sweep", "pick", "seeds"])
-    p.add_argument("--seeds", default="0-9", help="'100', '0-4'")
+    p.add_argument("--seeds", default=None, help="'100', '0-4' (default: sweep 100-101, the sweep's seeds; seeds 0-9)")
     p.add_argument("--algos", default=",".join(ALGOS), help="seeds: which algorithms ('grpo': a queue of its own)")
     a = p.parse_args()
     unknown = sorted(set(a.algos.split(",")) - set(ALGOS))
     if unknown:
         p.error(f"--algos: unknown {', '.join(unknown)}; choose from {', '.join(ALGOS)}")
     if a.what == "sweep":
-        for seed in seed_list(a.seeds):
+        for seed in seed_list(a.seeds or "100-101"):
             for lr in SWEEP_LRS:
                 for algo in ALGOS:
                     run_one("sweep", algo, lr, seed, SWEEP_STEPS)
@@ -155,7 +156,7 @@ def main():
         print(json.dumps(chosen, indent=1))
     else:
         lrs = json.load(open(os.path.join(HERE, "lr.json")))
-        for seed in seed_list(a.seeds):
+        for seed in seed_list(a.seeds or "0-9"):
             for algo in a.algos.split(","):
                 run_one("seeds", algo, lrs[algo]["chosen"], seed, STEPS)
 
