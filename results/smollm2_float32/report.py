@@ -153,9 +153,9 @@ def spread(runs, lrs):
     """Per algorithm the mean and sd over seeds of the train-reward AUC, and the ratio of the sds."""
     seeds = sorted(runs)
     auc = {algo: [mean(runs[s][algo][0], "reward_mean") for s in seeds] for algo in ALGOS}
-    lines = ["| algo | lr | seeds | train reward AUC, mean over seeds | sd over seeds |", "|---|---|---|---|---|"]
-    lines += [f"| {algo} | {lrs[algo]} | {len(seeds)} | {statistics.mean(auc[algo]):.3f} | "
-              f"{statistics.stdev(auc[algo]):.3f} |" for algo in ALGOS]
+    lines = ["| algo | lr | seeds | sd over seeds of the train reward AUC (its mean: per algorithm, above) |",
+             "|---|---|---|---|"]
+    lines += [f"| {algo} | {lrs[algo]} | {len(seeds)} | {statistics.stdev(auc[algo]):.3f} |" for algo in ALGOS]
     r, g = auc["reinforce"], auc["grpo"]
     if statistics.stdev(g) == 0:
         return lines + ["", "The sd of grpo's AUC is 0: no ratio."]
