@@ -3543,7 +3543,6 @@ def test_the_float32_studys_runner_keeps_the_time_of_a_killed_attempt(tmp_path, 
     assert (tmp_path / "results" / "smollm2_lr1e-5_B2_100steps" / "grpo_seed0.jsonl.gz").exists()
 
 
-
 def test_the_float32_studys_runner_keeps_the_sweep_off_the_studys_seeds(tmp_path, monkeypatch):
     from results.smollm2_float32 import run
     (tmp_path / "lr.json").write_text(json.dumps({"grpo": {"chosen": "1e-5"}, "reinforce": {"chosen": "3e-6"}}))

@@ -150,7 +150,7 @@ def paired_table(runs, steps, eval_steps):
 
 
 def spread(runs, lrs):
-    """Per algorithm the mean and sd over seeds of the train-reward AUC, and the ratio of the sds."""
+    """Per algorithm the sd over seeds of the train-reward AUC, and the ratio of the sds."""
     seeds = sorted(runs)
     auc = {algo: [mean(runs[s][algo][0], "reward_mean") for s in seeds] for algo in ALGOS}
     lines = ["| algo | lr | seeds | sd over seeds of the train reward AUC (its mean: per algorithm, above) |",
