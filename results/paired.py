@@ -19,15 +19,16 @@ seeds both have.
         reinforce=tiny60s_lr1e-4_B16_1000steps_passk negative=tiny60s_lr3e-4_B16_1000steps_passk --claims tiny60s
 
 --claims NAME adds the rows of the claims table that these runs test, each part's verdict under the one rule
-(stats.verdict), so that no verdict is written by hand.
+(stats.verdict), so that no verdict is written by hand, and each verdict again with Holm's correction (stats.holm)
+over the distinct tests of those rows other than the two primary rows (PRIMARY), with every p-value.
 """
 import argparse
 import json
 import math
 import os
 
-from results.stats import (ALGOS, bootstrap_ci, loo_range, read_run, sd_ratio, sd_ratio_ci, sign_flip_p, steps_to,
-                           t_interval, verdict)
+from results.stats import (ALGOS, bootstrap_ci, holm, loo_range, read_run, sd_ratio, sd_ratio_ci, sd_ratio_p,
+                           sign_flip_p, steps_to, t_interval, t_test_p, verdict, verdict_p)
 
 EVAL_COLS = ["pass@1", "pass@4", "pass@16", "pass@64", "maj@64", "acc_lenient"]
 NAMES = {"acc_lenient": "greedy"}
@@ -192,27 +193,38 @@ def differences(runs, diff, metric):
 
 
 def spread_ratio(runs, a, b):
-    """The number of seeds, and sd over seeds of the last-50-step train reward, a / b, with its interval."""
+    """The number of seeds, and sd over seeds of the last-50-step train reward, a / b, with its interval and its
+    bootstrap p (of the same resamples)."""
     seeds = common(runs, a, b)
     x, y = ([sum(t["reward_mean"] for t in runs[algo][s][0][-50:]) / 50 for s in seeds] for algo in (a, b))
-    return len(seeds), *sd_ratio_ci(x, y)
+    return len(seeds), *sd_ratio_ci(x, y), sd_ratio_p(x, y)
 
 
-def claims(runs, setting):
-    """The claims table's rows for one setting: each part's mean [95% t-interval] (for the spread, a ratio with its
-    bootstrap interval) and its verdict under the rule; parts whose runs are missing are left out."""
-    lines = ["| claim | source | setting | our number, mean [95% t-interval] | verdict |", "|---|---|---|---|---|"]
-    for claim, source, parts in CLAIMS:
-        numbers, verdicts, ns, last = [], [], [], None
-        for diff, metric, sign in parts:
+# The two rows that answer the seed's two questions, each judged alone at 5%: GRPO learns faster (the train reward
+# over the run) and lower variance (among these rows the spread over seeds; the gradient's variance at a fixed
+# policy is measured apart, variance/ and tiny30/variance/). Every other distinct test of the claims rows is one of
+# the family Holm's correction is taken over.
+PRIMARY = {("reinforce - grpo", "train reward (AUC)"): "GRPO learns faster",
+           ("reinforce / grpo", "sd ratio"): "GRPO's runs end closer together"}
+
+
+def parts(runs):
+    """Each part of CLAIMS that these runs test, in order, as (claim, difference, metric, sign, seeds, text, verdict,
+    distance from 0 (a ratio: ratio - 1), p of the t-test, p of the sign-flip test); a ratio has its bootstrap p in
+    both. Parts whose runs are missing, or with too few seeds, are left out."""
+    out = []
+    for claim, _, group in CLAIMS:
+        last = None
+        for diff, metric, sign in group:
             a, b = diff.split(" / ") if " / " in diff else diff.split(" - ")
             if a not in runs or (b != "start" and b not in runs):
                 continue
             if " / " in diff:
-                n, ratio, lo, hi = spread_ratio(runs, a, b)
+                n, ratio, lo, hi, p = spread_ratio(runs, a, b)
                 if n < 3:
                     continue
-                text, said = f"{ratio:.1f} [{lo:.1f}, {hi:.1f}] (bootstrap over seeds)", verdict(lo - 1, hi - 1, sign)
+                text, said, dist, pt, ps = (f"{ratio:.1f} [{lo:.1f}, {hi:.1f}] (bootstrap over seeds)",
+                                            verdict(lo - 1, hi - 1, sign), ratio - 1, p, p)
             else:
                 d, start = differences(runs, diff, metric)
                 n = len(d)
@@ -222,16 +234,75 @@ def claims(runs, setting):
                 f = (lambda x: f"{x:+.0f}") if metric == "steps to 0.8" else (lambda x: f"{x:+.3f}")
                 at = f" (start {start:.3f})" if b == "start" else ""
                 text = f"{metric}{at} {f(sum(d) / n)} [{f(lo)}, {f(hi)}]"
-                said = verdict(lo, hi, sign)
                 text = text if diff == last else f"{diff}: {text}"
-            numbers.append(text)
-            verdicts.append((metric, said))
-            ns.append(n)
+                said, dist, pt, ps = verdict(lo, hi, sign), sum(d) / n, t_test_p(d), sign_flip_p(d)
+            out.append((claim, diff, metric, sign, n, text, said, dist, pt, ps))
             last = diff
-        if numbers:
-            said = verdicts[0][1] if len({v for _, v in verdicts}) == 1 else "; ".join(f"{m}: {v}" for m, v in verdicts)
-            seeds = f"{ns[0]} seeds" if len(set(ns)) == 1 else f"{min(ns)}-{max(ns)} seeds"
-            lines.append(f"| {claim} | {source} | {setting}, {seeds} | {'; '.join(numbers)} | {said} |")
+    return out
+
+
+def corrected(found):
+    """{(difference, metric): (p with Holm from the t-test, from the sign-flip test)} over the distinct tests of the
+    parts found, the primary rows left out (a test that two claims share is one test)."""
+    tests = {}
+    for _, diff, metric, _, _, _, _, _, pt, ps in found:
+        if (diff, metric) not in PRIMARY:
+            tests[diff, metric] = (pt, ps)
+    keys = list(tests)
+    return dict(zip(keys, zip(holm([tests[k][0] for k in keys]), holm([tests[k][1] for k in keys]))))
+
+
+def one_verdict(verdicts):
+    """One verdict where every part has the same, else each part's, named by its metric."""
+    return verdicts[0][1] if len({v for _, v in verdicts}) == 1 else "; ".join(f"{m}: {v}" for m, v in verdicts)
+
+
+def claims(runs, setting):
+    """The claims table's rows for one setting: each part's mean [95% t-interval] (for the spread, a ratio with its
+    bootstrap interval) and its verdict under the rule, then with Holm's correction on the t-test's p (the primary
+    rows as they are); parts whose runs are missing are left out."""
+    found = parts(runs)
+    holm_p = corrected(found)
+    lines = ["| claim | source | setting | our number, mean [95% t-interval] | verdict |", "|---|---|---|---|---|"]
+    for claim, source, _ in CLAIMS:
+        mine = [x for x in found if x[0] == claim]
+        if not mine:
+            continue
+        said = one_verdict([(x[2], x[6]) for x in mine])
+        holm_said = one_verdict([(x[2], x[6] if (x[1], x[2]) in PRIMARY else verdict_p(holm_p[x[1], x[2]][0], x[7],
+                                                                                         x[3])) for x in mine])
+        if all((x[1], x[2]) in PRIMARY for x in mine):
+            said += "; a primary row, not corrected"
+        elif holm_said == said:
+            said += "; the same with Holm's correction"
+        else:
+            said += f"; with Holm's correction: {holm_said}"
+        ns = [x[4] for x in mine]
+        seeds = f"{ns[0]} seeds" if len(set(ns)) == 1 else f"{min(ns)}-{max(ns)} seeds"
+        lines.append(f"| {claim} | {source} | {setting}, {seeds} | {'; '.join(x[5] for x in mine)} | {said} |")
+    return lines + [""] + holm_table(found, holm_p)
+
+
+def holm_table(found, holm_p):
+    """Every distinct test of the claims rows with its p-values, uncorrected and with Holm's correction."""
+    p = lambda x: "< 0.001" if x < 0.001 else f"{x:.3f}"  # noqa: E731
+    lines = [f"Holm's step-down correction (stats.holm) over the {len(holm_p)} distinct tests of the rows above other "
+             "than the primary rows, which answer the seed's two questions and are judged alone ("
+             + "; ".join(f"{d} {m}: {c}" for (d, m), c in PRIMARY.items()) + "), once with each test's t-test p and "
+             "once with its sign-flip p (the sd ratio: its bootstrap p in both). The verdicts above rest on the "
+             "t-test's; a part whose corrected p is not below 0.05 is inconclusive with the correction.", "",
+             "| difference | metric | seeds | role | p, t-test | with Holm | p, sign-flip | with Holm |",
+             "|---|---|---|---|---|---|---|---|"]
+    seen = set()
+    for _, diff, metric, _, n, _, _, _, pt, ps in found:
+        if (diff, metric) in seen:
+            continue
+        seen.add((diff, metric))
+        if (diff, metric) in PRIMARY:
+            lines.append(f"| {diff} | {metric} | {n} | primary: {PRIMARY[diff, metric]} | {p(pt)} | — | {p(ps)} | — |")
+        else:
+            ht, hs = holm_p[diff, metric]
+            lines.append(f"| {diff} | {metric} | {n} | one of {len(holm_p)} | {p(pt)} | {p(ht)} | {p(ps)} | {p(hs)} |")
     return lines
 
 

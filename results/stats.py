@@ -14,13 +14,25 @@ Intervals over seeds
   sign_flip_p     exact two-sided sign-flip permutation p of a mean difference
   loo_range       the smallest and largest mean when one seed is left out
   sd_ratio_ci     sd(x) / sd(y) over seeds with a bootstrap interval; sd_ratio formats it
+Tests over seeds and their correction for many rows
+  t_test_p        two-sided p of the one-sample t-test of mean = 0, the test of the t-interval (t_cdf)
+  bootstrap_p     two-sided p of a percentile bootstrap: the test whose 95% interval the ratio rows print
+  sd_ratio_p      bootstrap_p of sd_ratio_ci's resamples
+  holm            Holm's step-down adjusted p-values of a family of rows (monotone, capped at 1)
 The rule
   verdict         reproduced / contradicted / inconclusive from a 95% interval and the direction a claim predicts
+  verdict_p       the same rule from a p-value and the sign of the difference (for a corrected p)
+  split_verdict   the verdict of each of two tests, both named where they disagree
+Provenance
+  machine         the commit of grpo.py, the CPU model and torch that made a result
 """
 import gzip
 import json
 import math
+import os
+import subprocess
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 ALGOS = ("grpo", "reinforce", "drgrpo_seq", "negative")  # the order the tables list algorithms in
 TIMING = {"step_s", "gen_s", "gen_tok_per_s"}  # per-step timings: they differ between two runs of one seed
 
@@ -78,17 +90,18 @@ def ci(values, digits=3, sign=False):
     return f"{f.format(np.mean(values))} [{f.format(lo)}, {f.format(hi)}]"
 
 
-def fmt_steps(values):
+def fmt_steps(values, digits=0):
     """Steps to a threshold over seeds (inf: never): 'k/n: mean [CI]; median M', the mean and CI over the k seeds that
-    reached it, the median over all n."""
+    reached it, the median over all n; `digits` decimals (a mean of 32.5 steps is 32 with none: round half to even)."""
     import numpy as np
     reached = [v for v in values if math.isfinite(v)]
     median = float(np.median(values))  # never = inf, so a median over all seeds
-    med = f"{median:.0f}" if math.isfinite(median) else "never"
+    med = f"{median:.{digits}f}" if math.isfinite(median) else "never"
     if not reached:
         return f"0/{len(values)}; median never"
     lo, hi = bootstrap_ci(reached)
-    return f"{len(reached)}/{len(values)}: {np.mean(reached):.0f} [{lo:.0f}, {hi:.0f}]; median {med}"
+    f = f"{{:.{digits}f}}"
+    return f"{len(reached)}/{len(values)}: {f.format(np.mean(reached))} [{f.format(lo)}, {f.format(hi)}]; median {med}"
 
 
 def band(values, n=10000, seed=0):
@@ -135,6 +148,68 @@ def sign_flip_p(d):
     return float(np.mean(np.abs(sums) >= abs(d.sum()) - 1e-12))
 
 
+def betainc(a, b, x):
+    """The regularized incomplete beta function I_x(a, b), by its continued fraction (Numerical Recipes, 6.4)."""
+    if x <= 0.0 or x >= 1.0:
+        return min(max(x, 0.0), 1.0)
+    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
+    if x > (a + 1) / (a + b + 2):
+        return 1.0 - betainc(b, a, 1.0 - x)
+
+    def nonzero(v):
+        return v if abs(v) > 1e-300 else 1e-300
+
+    c, d = 1.0, 1.0 / nonzero(1.0 - (a + b) * x / (a + 1))
+    h = d
+    for m in range(1, 1000):
+        for aa in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
+                   -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
+            d = 1.0 / nonzero(1.0 + aa * d)
+            c = nonzero(1.0 + aa / c)
+            h *= d * c
+        if abs(d * c - 1.0) < 1e-15:
+            break
+    return front * h / a
+
+
+def t_cdf_tail(t, df):
+    """P(|T| >= |t|) for Student's t with df degrees of freedom: I_{df / (df + t^2)}(df / 2, 1 / 2)."""
+    return betainc(df / 2, 0.5, df / (df + t * t))
+
+
+def t_test_p(d):
+    """Two-sided p of the one-sample t-test of mean(d) = 0 with n - 1 degrees of freedom: below 0.05 exactly where
+    the 95% t-interval (t_interval) excludes 0."""
+    import numpy as np
+    d = np.asarray(d, float)
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    if sd == 0:
+        return 1.0 if mean == 0 else 0.0
+    return t_cdf_tail(mean / (sd / math.sqrt(len(d))), len(d) - 1)
+
+
+def bootstrap_p(resamples, null):
+    """Two-sided p of a percentile bootstrap test of the statistic = null: twice the smaller share of resamples on
+    either side of null (ties count on both), at most 1. Below 0.05 where the 95% percentile interval of the same
+    resamples excludes null."""
+    import numpy as np
+    r = np.asarray(resamples, float)
+    return float(min(1.0, 2 * min(np.mean(r <= null), np.mean(r >= null))))
+
+
+def holm(p):
+    """Holm's step-down adjusted p-values, in the order given: sorted ascending, the i-th smallest (i = 0, 1, ...) is
+    multiplied by m - i, each adjusted value is at least the one before it (monotone) and at most 1. A row survives
+    the correction at level alpha where its adjusted p is below alpha; the family-wise error rate is then at most
+    alpha, whatever the dependence between the rows."""
+    m = len(p)
+    out, running = [1.0] * m, 0.0
+    for i, k in enumerate(sorted(range(m), key=lambda k: p[k])):
+        running = max(running, min(1.0, (m - i) * p[k]))
+        out[k] = running
+    return out
+
+
 def loo_range(d):
     import numpy as np
     d = np.asarray(d, float)
@@ -142,14 +217,27 @@ def loo_range(d):
     return float(means.min()), float(means.max())
 
 
+def sd_ratio_resamples(x, y, n=10000, seed=0):
+    """sd(x) / sd(y) over n bootstrap resamples of the seeds (the same resampled seeds for both); a resample whose y
+    has sd 0 divides by 1e-12."""
+    import numpy as np
+    x, y = np.asarray(x), np.asarray(y)
+    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
+    return x[idx].std(1, ddof=1) / np.maximum(y[idx].std(1, ddof=1), 1e-12)
+
+
 def sd_ratio_ci(x, y, n=10000, seed=0):
     """sd(x) / sd(y) over paired per-seed values, with a 95% percentile bootstrap interval that resamples seeds (the
     same resampled seeds for both)."""
     import numpy as np
     x, y = np.asarray(x), np.asarray(y)
-    idx = np.random.default_rng(seed).integers(0, len(x), (n, len(x)))
-    lo, hi = np.percentile(x[idx].std(1, ddof=1) / np.maximum(y[idx].std(1, ddof=1), 1e-12), [2.5, 97.5])
+    lo, hi = np.percentile(sd_ratio_resamples(x, y, n, seed), [2.5, 97.5])
     return x.std(ddof=1) / y.std(ddof=1), lo, hi
+
+
+def sd_ratio_p(x, y, n=10000, seed=0):
+    """Two-sided bootstrap p of sd(x) / sd(y) = 1, from the resamples sd_ratio_ci takes its interval from."""
+    return bootstrap_p(sd_ratio_resamples(x, y, n, seed), 1.0)
 
 
 def sd_ratio(x, y):
@@ -169,3 +257,28 @@ def verdict(lo, hi, sign):
     if (lo > 0 and sign < 0) or (hi < 0 and sign > 0):
         return "contradicted"
     return "reproduced" if (lo > 0 and sign > 0) or (hi < 0 and sign < 0) else "inconclusive"
+
+
+def verdict_p(p, diff, sign, alpha=0.05):
+    """The rule of verdict() from a test's p-value (a corrected one, holm) and the sign of the difference (for a
+    ratio: ratio - 1): a difference is shown where p < alpha, in the direction of diff."""
+    if sign == 0:
+        return "contradicted" if p < alpha else "inconclusive (no difference detected)"
+    if p >= alpha:
+        return "inconclusive"
+    return "reproduced" if diff * sign > 0 else "contradicted"
+
+
+def split_verdict(by_t, by_sign_flip):
+    """One verdict where the t-test and the sign-flip test agree; both, each named, where they do not (a per-seed
+    outcome with few values, such as an accuracy near 0 on some seeds and far from it on others)."""
+    return by_t if by_t == by_sign_flip else f"t-test: {by_t}; sign-flip: {by_sign_flip}"
+
+
+def machine():
+    """What made a result: the commit of grpo.py (+dirty where grpo.py differs from it), the CPU model, torch."""
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "grpo.py"], cwd=ROOT, capture_output=True, text=True)
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
+    import torch
+    return {"commit": commit + ("+dirty" if dirty.stdout.strip() else ""), "cpu": cpu, "torch": torch.__version__}

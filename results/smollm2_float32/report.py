@@ -27,6 +27,7 @@ LAST = 10
 # The claims of results/README.md a row tests, with the sign stats.verdict takes for reinforce - grpo.
 FASTER = ("GRPO learns faster", -1)
 AHEAD = ("GRPO ends above REINFORCE", -1)
+FORMAT = ("GRPO keeps the `#### N` format, which the lenient reward does not pay for", -1)  # strict accuracy
 ENTROPY = ("without a baseline the entropy falls faster", -1)
 DRIFT = ("REINFORCE drifts further from the reference late", +1)
 SPREAD = ("GRPO's runs end closer together (lower variance)", +1)
@@ -93,8 +94,8 @@ def metrics(steps, eval_steps):
             (f"train reward, steps {steps - q + 1}-{steps}", lambda tr, ev: mean(tr[-q:], "reward_mean"), 3, AHEAD)]
     for step in eval_steps:
         for key in ("acc_lenient", "acc_strict"):
-            rows.append((f"held-out {key}, step {step}", lambda tr, ev, s=step, k=key: at(ev, s, k), 3,
-                         AHEAD if step == steps else FASTER))
+            claim = FORMAT if key == "acc_strict" else AHEAD if step == steps else FASTER
+            rows.append((f"held-out {key}, step {step}", lambda tr, ev, s=step, k=key: at(ev, s, k), 3, claim))
     return rows + [
         (f"entropy, last {LAST} steps", lambda tr, ev: mean(tr[-LAST:], "entropy"), 3, ENTROPY),
         (f"KL, last {LAST} steps", lambda tr, ev: mean(tr[-LAST:], "kl"), 3, DRIFT),
@@ -107,41 +108,70 @@ def signed(x, digits):
     return f"{x:+.{digits}f}"
 
 
+def p_text(p):
+    """A p-value as the tables print it."""
+    return "< 0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def sides(d):
+    """'above / below' 0 over the seeds, with the ties where there are any: '0 / 6 (4 tied)'."""
+    above, below = sum(x > 0 for x in d), sum(x < 0 for x in d)
+    tied = len(d) - above - below
+    return f"{above} / {below}" + (f" ({tied} tied)" if tied else "")
+
+
+def verdicts(d, claim):
+    """(by the t-interval, by the sign-flip test) for one row: the rule of stats.verdict on each test (the t-interval
+    excludes 0 where the t-test's p is below 0.05); a row with no claim says whether its interval excludes 0."""
+    lo, hi = stats.t_interval(d)
+    if claim is None:
+        return (f"no claim on its direction (interval {'contains' if lo <= 0 <= hi else 'excludes'} 0)",) * 2
+    return stats.verdict(lo, hi, claim[1]), stats.verdict_p(stats.sign_flip_p(d), statistics.mean(d), claim[1])
+
+
 def row(name, d, digits, claim):
-    """One line of the paired table from the per-seed differences d (reinforce - grpo)."""
+    """One line of the paired table from the per-seed differences d (reinforce - grpo). The verdict is the
+    t-interval's; where the sign-flip test's differs, both are given, each named."""
     lo, hi = stats.t_interval(d)
     lo1, hi1 = stats.loo_range(d)
-    p = stats.sign_flip_p(d)
-    if claim is None:
-        said = f"no claim on its direction (interval {'contains' if lo <= 0 <= hi else 'excludes'} 0)"
-    else:
-        said = stats.verdict(lo, hi, claim[1])
     wanted = "—" if claim is None else f"{claim[0]} ({'< 0' if claim[1] < 0 else '> 0'})"
     cells = [name, str(len(d)), signed(statistics.mean(d), digits), f"[{signed(lo, digits)}, {signed(hi, digits)}]",
-             "< 0.001" if p < 0.001 else f"{p:.3f}", f"[{signed(lo1, digits)}, {signed(hi1, digits)}]",
-             f"{sum(x > 0 for x in d)}/{len(d)}", wanted, said]
+             p_text(stats.t_test_p(d)), p_text(stats.sign_flip_p(d)), f"[{signed(lo1, digits)}, {signed(hi1, digits)}]",
+             sides(d), wanted, stats.split_verdict(*verdicts(d, claim))]
     return "| " + " | ".join(cells) + " |"
+
+
+def paired_rows(runs, steps, eval_steps):
+    """(name, per-seed differences reinforce - grpo, digits, claim) of each row of the paired table, steps to 0.6
+    last (over the seeds where both reached it; None where fewer than 2 did); and steps to 0.6 per algorithm and
+    seed."""
+    seeds = sorted(runs)
+    rows = [(name, [get(*runs[s]["reinforce"]) - get(*runs[s]["grpo"]) for s in seeds], digits, claim)
+            for name, get, digits, claim in metrics(steps, eval_steps)]
+    hit = {algo: {s: stats.steps_to([x["reward_mean"] for x in runs[s][algo][0]], THRESHOLD) for s in seeds}
+           for algo in ALGOS}
+    both = [s for s in seeds if all(math.isfinite(hit[algo][s]) for algo in ALGOS)]
+    d = [hit["reinforce"][s] - hit["grpo"][s] for s in both]
+    rows.append((f"steps to a train reward of {THRESHOLD} (seeds where both reached it)", d if len(d) >= 2 else None,
+                 1, (FASTER[0], +1)))
+    return rows, hit
 
 
 def paired_table(runs, steps, eval_steps):
     """The table of paired differences, reinforce - grpo, one row a metric, and the lines on steps to 0.6."""
     seeds = sorted(runs)
-    lines = ["| reinforce - grpo | seeds | mean | 95% t-interval | sign-flip p | leave-one-seed-out range "
-             "| seeds above 0 | claim (predicted sign) | verdict |", "|---|---|---|---|---|---|---|---|---|"]
-    for name, get, digits, claim in metrics(steps, eval_steps):
-        d = [get(*runs[s]["reinforce"]) - get(*runs[s]["grpo"]) for s in seeds]
-        lines.append(row(name, d, digits, claim))
-    hit = {algo: {s: stats.steps_to([x["reward_mean"] for x in runs[s][algo][0]], THRESHOLD) for s in seeds}
-           for algo in ALGOS}
-    both = [s for s in seeds if all(math.isfinite(hit[algo][s]) for algo in ALGOS)]
-    name = f"steps to a train reward of {THRESHOLD} (seeds where both reached it)"
-    if len(both) >= 2:
-        lines.append(row(name, [hit["reinforce"][s] - hit["grpo"][s] for s in both], 1, (FASTER[0], +1)))
-    else:
-        lines.append(f"| {name} | {len(both)} | | | | | | {FASTER[0]} (> 0) | no interval: fewer than 2 seeds |")
+    lines = ["| reinforce - grpo | seeds | mean | 95% t-interval | t-test p | sign-flip p | leave-one-seed-out range "
+             "| seeds above / below 0 | claim (predicted sign) | verdict |", "|---" * 10 + "|"]
+    rows, hit = paired_rows(runs, steps, eval_steps)
+    for name, d, digits, claim in rows:
+        if d is None:
+            n = sum(all(math.isfinite(hit[a][s]) for a in ALGOS) for s in seeds)
+            lines.append(f"| {name} | {n} |" + " |" * 6 + f" {FASTER[0]} (> 0) | no interval: fewer than 2 seeds |")
+        else:
+            lines.append(row(name, d, digits, claim))
     lines += ["", f"Steps to {THRESHOLD} per algorithm, k/n seeds reached it: mean [95% bootstrap CI] over those k; "
               "median over all n with never = inf (stats.fmt_steps):", ""]
-    lines += [f"- {algo}: {stats.fmt_steps([hit[algo][s] for s in seeds])}" for algo in ALGOS]
+    lines += [f"- {algo}: {stats.fmt_steps([hit[algo][s] for s in seeds], digits=1)}" for algo in ALGOS]
     for algo, other in (ALGOS, ALGOS[::-1]):
         alone = [s for s in seeds if math.isfinite(hit[algo][s]) and not math.isfinite(hit[other][s])]
         if alone:
@@ -198,6 +228,81 @@ def variance():
                     f"resample for both algorithms. Claim: {LOWER[0]}, ratio < 1."]
 
 
+def variance_resamples(d, n=10000, seed=0):
+    """The relative-variance ratio grpo / reinforce over the bootstrap resamples of the K batches that
+    grad_variance.ratio_ci draws (same n, seed and draws): their 2.5th and 97.5th percentiles are its interval."""
+    import numpy as np
+    grams = [np.asarray(d[algo]["gram"]) for algo in ALGOS]
+    K = len(grams[0])
+    idx = np.random.default_rng(seed).integers(0, K, (n, K))
+    rel = []
+    for gram in grams:
+        sub = gram[idx[:, :, None], idx[:, None, :]]
+        mean_sq = sub.sum((1, 2)) / K ** 2
+        rel.append((np.diagonal(sub, axis1=1, axis2=2).mean(1) - mean_sq) / mean_sq)
+    return rel[0] / rel[1]
+
+
+def said(p, diff, claim):
+    """The verdict a p-value gives a row (stats.verdict_p); a row with no claim: whether a difference is shown."""
+    if claim is None:
+        return "a difference (no claim on its direction)" if p < 0.05 else "no difference detected"
+    return stats.verdict_p(p, diff, claim[1])
+
+
+def family(runs, lrs, steps, eval_steps):
+    """Every row that tests a claim or a difference, each as (name, claim, primary or None, difference from 0 (for a
+    ratio: ratio - 1), p of the t-test (a ratio: bootstrap), p of the sign-flip test (a ratio: bootstrap), the
+    uncorrected verdict). The primary rows answer the seed's two questions; the others are the family Holm's
+    correction is taken over."""
+    out = []
+    rows, _ = paired_rows(runs, steps, eval_steps)
+    for name, d, _, claim in rows:
+        if d is not None:
+            primary = "GRPO learns faster" if name.startswith("train reward AUC") else None
+            out.append((name, claim, primary, statistics.mean(d), stats.t_test_p(d), stats.sign_flip_p(d),
+                        stats.split_verdict(*verdicts(d, claim))))
+    seeds = sorted(runs)
+    auc = {algo: [mean(runs[s][algo][0], "reward_mean") for s in seeds] for algo in ALGOS}
+    if len(seeds) >= 3 and statistics.stdev(auc["grpo"]) > 0:
+        ratio, lo, hi = stats.sd_ratio_ci(auc["reinforce"], auc["grpo"])
+        p = stats.sd_ratio_p(auc["reinforce"], auc["grpo"])
+        out.append(("sd over seeds of the train reward AUC, reinforce / grpo (bootstrap p)", SPREAD, None, ratio - 1,
+                    p, p, stats.verdict(lo - 1, hi - 1, SPREAD[1])))
+    for i, (policy, name) in enumerate(VARIANCE if steps == STEPS else ()):
+        path = os.path.join(HERE, name)
+        if os.path.exists(path):
+            from results.variance.grad_variance import ratio_ci
+            d = json.load(open(path))
+            lo, hi = ratio_ci(d)[1]
+            p = stats.bootstrap_p(variance_resamples(d), 1.0)
+            out.append((f"relative gradient variance, grpo / reinforce, at {policy} (bootstrap p)", LOWER,
+                        "GRPO's gradient has lower variance" if i == 0 else None,
+                        d["rel_variance_ratio_grpo_over_reinforce"] - 1, p, p, stats.verdict(lo - 1, hi - 1, LOWER[1])))
+    return out
+
+
+def holm_table(rows):
+    """The primary rows, then every other row with its p-values uncorrected and with Holm's correction over those
+    rows (stats.holm), once with the t-test's p and once with the sign-flip test's, and the verdicts of both."""
+    rest = [r for r in rows if r[2] is None]
+    adjusted = {r[0]: pair for r, pair in zip(rest, zip(stats.holm([r[4] for r in rest]),
+                                                        stats.holm([r[5] for r in rest])))}
+    lines = ["| row | role | claim (predicted sign) | p, t-test | with Holm | p, sign-flip | with Holm | verdict "
+             "| verdict with Holm |", "|---|---|---|---|---|---|---|---|---|"]
+    for name, claim, primary, diff, pt, ps, plain in sorted(rows, key=lambda r: r[2] is None):
+        wanted = "—" if claim is None else f"{claim[0]} ({'< 0' if claim[1] < 0 else '> 0'})"
+        if primary:
+            lines.append(f"| {name} | primary: {primary} | {wanted} | {p_text(pt)} | — | {p_text(ps)} | — | {plain} "
+                         "| — (primary: not corrected) |")
+            continue
+        ht, hs = adjusted[name]
+        with_holm = stats.split_verdict(said(ht, diff, claim), said(hs, diff, claim))
+        lines.append(f"| {name} | one of {len(rest)} | {wanted} | {p_text(pt)} | {p_text(ht)} | {p_text(ps)} "
+                     f"| {p_text(hs)} | {plain} | {with_holm} |")
+    return lines
+
+
 def per_algo(runs, steps):
     """Per algorithm, the mean over seeds with its 95% bootstrap CI (stats.ci, as the front page's tables): train
     reward AUC, held-out accuracy at step 0 and at the last step, entropy and KL over the last steps."""
@@ -239,11 +344,14 @@ def provenance(lrs, steps, seeds):
     used = [records.get((algo, float(lrs[algo]), s, steps)) for s in seeds for algo in ALGOS]
     found = [r for r in used if r]
     attempts = [a for r in found for a in r["attempts"]]
-    lines = [f"Runs used: {len(used)} ({len(found)} with a line in runs.jsonl), {len(attempts)} attempts. "
+    lines = [f"Runs used: {len(used)} ({len(found)} with a line in runs.jsonl), {len(attempts)} attempts recorded "
+             "in runs.jsonl, a lower bound: an attempt ended from outside before run.py noted its time has no record "
+             "(see README.md, Provenance). "
              f"CPU time: {sum(r['cpu_s'] for r in found) / 3600:.2f} CPU hours "
-             f"(wall {sum(r['wall_s'] for r in found) / 3600:.2f} h), summed over their attempts.", "",
-             f"- commits (attempts): {tally(attempts, 'commit')}", f"- CPU models (attempts): {tally(attempts, 'cpu')}",
-             f"- torch (attempts): {tally(attempts, 'torch')}"]
+             f"(wall {sum(r['wall_s'] for r in found) / 3600:.2f} h), summed over the recorded attempts.", "",
+             f"- commits (recorded attempts): {tally(attempts, 'commit')}",
+             f"- CPU models (recorded attempts): {tally(attempts, 'cpu')}",
+             f"- torch (recorded attempts): {tally(attempts, 'torch')}"]
     if len(found) < len(used):
         lines.append(f"- {len(used) - len(found)} runs used have no line in runs.jsonl: their provenance is unknown")
     return lines
@@ -267,7 +375,16 @@ RULE = ("Verdict, the one rule of results/README.md (stats.verdict): a claim is 
         "excludes 0 in the other direction, and inconclusive otherwise; for a paired difference the interval is the "
         "t-interval over seeds (n - 1 degrees of freedom), for the ratio of sds a bootstrap over seeds. An interval "
         "can show a difference but not its absence: an inconclusive row means that every value in its interval, of "
-        "either sign, remains possible.")
+        "either sign, remains possible. A paired row's verdict rests on the t-interval (the t-test); where the exact "
+        "sign-flip test at 5% gives another verdict, as it can where the per-seed numbers take few values (strict "
+        "accuracy: near 0 on some seeds, 0.4-0.8 on others, ties at 0), both are given, each named.")
+
+PRIMARY = ("The seed asks two questions, and one row answers each: GRPO learns faster (the train reward AUC, paired "
+           "table) and GRPO's gradient estimate has lower variance (the relative gradient variance at the starting "
+           "policy, gradient-variance table). Each is judged alone at 5%. Every other row is one of a family that "
+           "Holm's step-down correction (stats.holm) is taken over, once with the t-test's p of each paired row and "
+           "once with its sign-flip p (a ratio row has its bootstrap p in both): a verdict that does not survive the "
+           "correction is inconclusive with it.")
 
 
 def notes(steps):
@@ -279,9 +396,13 @@ def notes(steps):
             f"KL and answer length (completion_len): mean over the last {LAST} steps; all-equal groups "
             "(frac_zero_std): share of the 2 groups per step whose 8 rewards are all equal, mean over all steps.",
             "",
-            "sign-flip p: exact two-sided sign-flip permutation test over all 2^n sign patterns (with n seeds it "
-            "cannot go below 2/2^n). Leave-one-seed-out range: the smallest and largest mean difference when one seed "
-            "is dropped. Seeds above 0: seeds where reinforce's number is the larger.",
+            "t-test p: two-sided one-sample t-test of mean 0 (stats.t_test_p), below 0.05 exactly where the "
+            "t-interval excludes 0. sign-flip p: exact two-sided sign-flip permutation test over all 2^n sign "
+            "patterns (with n seeds it cannot go below 2/2^n; seeds with a difference of 0 add nothing to it). "
+            "Bootstrap p of a ratio: twice the smaller share of its bootstrap resamples on either side of 1 "
+            "(stats.bootstrap_p), below 0.05 where its percentile interval excludes 1. Leave-one-seed-out range: the "
+            "smallest and largest mean difference when one seed is dropped. Seeds above / below 0: seeds where "
+            "reinforce's number is the larger / the smaller; tied: the same on both.",
             "",
             f"Steps to {THRESHOLD}: the first step at which the 10-step trailing mean train reward reaches "
             f"{THRESHOLD} (stats.steps_to). A run that never reaches it has no number (never = inf): the paired row "
@@ -312,9 +433,9 @@ def report(a):
                                                for _, ev in r.values())]
     auc = [mean(runs[s]["reinforce"][0], "reward_mean") - mean(runs[s]["grpo"][0], "reward_mean") for s in runs]
     lo, hi = stats.t_interval(auc)
-    lines += ["", f"Train reward AUC, reinforce - grpo: {statistics.mean(auc):+.3f} [{lo:+.3f}, {hi:+.3f}] (95% "
-              f"t-interval over {len(runs)} seeds); claim \"{FASTER[0]}\": {stats.verdict(lo, hi, FASTER[1])}.", "",
-              RULE]
+    lines += ["", f"Train reward AUC, reinforce - grpo, the primary row of \"{FASTER[0]}\": "
+              f"{statistics.mean(auc):+.3f} [{lo:+.3f}, {hi:+.3f}] (95% t-interval over {len(runs)} seeds); "
+              f"{stats.verdict(lo, hi, FASTER[1])}.", "", RULE]
     if a.steps != STEPS:
         lines += ["", f"These are {a.steps}-step sweep runs, not the study's 100-step seeds: every verdict below is "
                   "the rule applied to them alone, not a verdict of the study."]
@@ -328,6 +449,8 @@ def report(a):
     lines += ["", "## Per seed", ""] + per_seed(runs)
     if a.steps == STEPS:
         lines += ["", "## Gradient variance", ""] + variance()
+    lines += ["", "## Primary rows and Holm's correction", "", PRIMARY, ""]
+    lines += holm_table(family(runs, lrs, a.steps, eval_steps))
     lines += ["", "## Runs", ""] + provenance(lrs, a.steps, sorted(runs))
     return lines + ["", "## Definitions", ""] + notes(a.steps)
 

@@ -24,6 +24,10 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+if __package__ in (None, ""):  # run as a script, python results/smollm2_float32/run.py: the repository's modules
+    sys.path.insert(0, ROOT)
+from results.stats import machine  # noqa: E402  (the commit, CPU model and torch that made an attempt)
+
 SCRATCH = os.path.join(ROOT, "runs", "smollm2_float32")
 FLAGS = ["--model", "smollm2", "--dataset", "arith", "--G", "8", "--batch-prompts", "2", "--max-new-tokens", "64",
          "--temperature", "0.7", "--eval-every", "50", "--eval-n", "200", "--dtype", "float32", "--save-every", "10"]
@@ -33,15 +37,6 @@ SWEEP_SEEDS = "100-101"  # not the study's seeds
 STEPS = 100
 ALGOS = ["grpo", "reinforce"]
 NOTE_S = 30  # how often a running attempt's time is written down
-
-
-def machine():
-    """What made an attempt: the commit of grpo.py, the CPU model, torch."""
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "grpo.py"], cwd=ROOT, capture_output=True, text=True)
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "")
-    import torch
-    return {"commit": commit + ("+dirty" if dirty.stdout.strip() else ""), "cpu": cpu, "torch": torch.__version__}
 
 
 def cpu_seconds(pid):

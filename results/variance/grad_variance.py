@@ -30,7 +30,7 @@ import time
 import torch
 
 import grpo
-from results.smollm2_float32.run import machine  # the commit, CPU model and torch that made a result
+from results.stats import machine  # the commit, CPU model and torch that made a result
 
 ALGOS = ("grpo", "reinforce")
 
