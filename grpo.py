@@ -507,14 +507,15 @@ def greedy_scores(texts, refs):
 
 
 def sampled_scores(samples, refs, K):
-    """pass@k (k = 1, 2, 4, .., K) and maj@K of K answers per question, lenient and strict (suffix _strict), and
-    the right answers per question ('correct'), from which any pass@k or a bootstrap CI can be recomputed."""
+    """pass@k (k = 1, 2, 4, .., K) of K answers per question, scored by `reward`, and maj@K (a vote over the final
+    numbers), lenient and strict (suffix _strict), and the right answers per question ('correct'), from which any
+    pass@k or a bootstrap CI can be recomputed."""
     scores = {}
     for strict, suffix in ((False, ""), (True, "_strict")):
-        answers = [[extract_answer(text, strict) for text in texts] for texts in samples]
-        correct = [sum(answers_equal(a, ref) for a in found) for found, ref in zip(answers, refs)]
+        correct = [int(sum(reward(text, ref, strict) for text in texts)) for texts, ref in zip(samples, refs)]
         for k in sorted({2 ** i for i in range(K.bit_length())} | {K}):
             scores[f"pass@{k}{suffix}"] = sum(pass_at_k(K, c, k) for c in correct) / len(refs)
+        answers = [[extract_answer(text, strict) for text in texts] for texts in samples]
         scores[f"maj@{K}{suffix}"] = sum(majority_correct(a, ref) for a, ref in zip(answers, refs)) / len(refs)
         scores["correct" + suffix] = correct
     return scores
@@ -535,7 +536,7 @@ def majority_correct(answers, ref):
         return 0.0
     top = max(votes.values())
     tied = [a for a, n in votes.items() if n == top]
-    return (Decimal(ref) in tied) / len(tied)
+    return sum(answers_equal(str(a), ref) for a in tied) / len(tied)
 
 
 def step_metrics(rewards, batch, G):
@@ -778,8 +779,8 @@ def resolve_dtype(dtype, device):
 
 def resumed_args(parser, argv, out):
     """The flags of the run in OUT, from its config line; only --device may be given again."""
-    config = (read_records(os.path.join(out, "metrics.jsonl")) or [{}])[0]
-    if config.get("type") != "config":
+    config = (read_records(os.path.join(out, "metrics.jsonl")) or [None])[0]
+    if not isinstance(config, dict) or config.get("type") != "config":
         raise ConfigError(f"--resume {out}: no metrics.jsonl starting with a config line; pass a grpo.py run's folder")
     given = vars(parser.parse_args(argv))
     changed = [k for k, v in given.items() if v != parser.get_default(k) and k not in ("resume", "device")]
@@ -1064,7 +1065,11 @@ def publish(tmp, final):
 
 
 def remove(path):
-    """Remove one of the run's own files or folders (a .tmp left by a kill, a replaced checkpoint)."""
+    """Remove one of the run's own files or folders (a .tmp left by a kill, a replaced checkpoint), renamed to a .tmp
+    name first: a kill while deleting leaves a name that --resume clears, never a checkpoint in part."""
+    if not path.endswith(".tmp") and os.path.lexists(path):
+        os.rename(path, path + ".tmp")
+        path += ".tmp"
     if os.path.lexists(path):
         shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.remove(path)
 
