@@ -619,9 +619,9 @@ def due(step, every, last):
     return (every and step % every == 0) or step == last
 
 
-# =================================================================================================================
+# ==================================================================================================================
 # Infrastructure, not the algorithm: flags, loading, the run's folder and checkpoints, several processes.
-# =================================================================================================================
+# ==================================================================================================================
 
 # Flags and settings: every flag, and every value a run derives from them, resolved in one place (`resolve`). -----
 
@@ -1017,6 +1017,7 @@ def claim_out(args):
     out = gather(out)[0]
     if isinstance(out, ConfigError):
         raise out
+    note(f"the run's folder: {out}")
     return out
 
 
