@@ -65,3 +65,28 @@ def sums(n, offset=0):
         a, b = (i + offset) % 7, (3 * i + offset) % 5
         rows.append({"question": f"what is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"})
     return rows
+
+
+def plain_logprobs(model, batch, temperature):
+    """log softmax(logits / T)[token] of each completion token of a grpo.generate-style batch, from a plain forward
+    pass of each row alone (its prompt without the left padding, then its completion): no grpo code, no padding, no
+    cache. Positions after an answer's end hold the log-probs of the pad tokens there."""
+    rows = []
+    for i, ids in enumerate(batch["completion_ids"]):
+        p = batch["group"][i]
+        prompt = batch["prompt_ids"][p][batch["prompt_mask"][p].bool()]
+        logits = model(input_ids=torch.cat([prompt, ids])[None]).logits[0, len(prompt) - 1:-1].float()
+        rows.append(torch.log_softmax(logits / temperature, -1).gather(-1, ids[:, None]).squeeze(-1))
+    return torch.stack(rows)
+
+
+def make_batch(tokenizer, prompts, completions, G=1):
+    """A batch as grpo.generate returns it, from texts: the prompts left-padded, G rows a prompt, each completion
+    (text, one per row) tokenized and padded on the right with a mask of ones over its tokens."""
+    enc = tokenizer(prompts, return_tensors="pt", padding=True)
+    ids = [tokenizer(text, add_special_tokens=False).input_ids for text in completions]
+    width = max(map(len, ids))
+    return {"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask,
+            "group": torch.arange(len(prompts)).repeat_interleave(G),
+            "completion_ids": torch.tensor([x + [tokenizer.pad_token_id] * (width - len(x)) for x in ids]),
+            "completion_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])}
