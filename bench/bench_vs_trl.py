@@ -53,6 +53,7 @@ Usage (TRL is a benchmark-only dependency: pip install trl==1.16.0; more in benc
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import random
@@ -77,20 +78,41 @@ LABELS = {"before": "grpo.py at {before}", "ours": "grpo.py --dtype float32", "o
 
 # ------------------------------------------------------------------ parent: one model dir, one prompt list
 
-def prepare_prompts(model_dir, data_dir, n_steps, B, seed):
-    """Arith questions written as a GSM8K-format dataset for grpo.py, and the prompt texts of the first
-    n_steps batches in the order grpo.train() draws them (it reshuffles with random.Random(seed))."""
+def prepare_prompts(model_dir, n_steps, B, seed):
+    """The arith training rows and the prompt texts of the first n_steps batches, B each: the rows' first
+    n_steps*B questions in their order."""
     import grpo
     from transformers import AutoTokenizer
     train, test = grpo.load_data("arith", seed)
     train = train[:max(64, n_steps * B)]
-    os.makedirs(data_dir, exist_ok=True)
-    for split, rows in (("train", train), ("test", test[:8])):
-        with open(os.path.join(data_dir, f"{split}.jsonl"), "w") as f:
-            f.writelines(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in rows)
-    order = random.Random(seed).sample(range(len(train)), len(train))
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return [grpo.build_prompt(tokenizer, train[i]["question"]) for i in order[:n_steps * B]]
+    return train, test, [grpo.build_prompt(tokenizer, r["question"]) for r in train[:n_steps * B]]
+
+
+def draw_order(grpo_dir, n, n_steps, B, seed):
+    """The indices of the training rows, of n, that the grpo.py in grpo_dir draws in its first n_steps steps:
+    step_questions where it has one, else one random.Random(seed) shuffle as older ones drew."""
+    spec = importlib.util.spec_from_file_location("grpo_drawing", os.path.join(grpo_dir, "grpo.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if hasattr(module, "step_questions"):
+        return [i for step in range(1, n_steps + 1) for i in module.step_questions(list(range(n)), step, B, seed)]
+    return random.Random(seed).sample(range(n), n)[:n_steps * B]
+
+
+def write_data(data_dir, train, test, order):
+    """train and test as a GSM8K-format dataset whose row order[k] is train[k]: a grpo.py that draws rows
+    order[0], order[1], ... trains on train[0], train[1], ... (the prompts every other run gets too)."""
+    rows = [None] * len(train)
+    for k, i in enumerate(order):
+        rows[i] = train[k]
+    rest = iter(train[len(order):])
+    rows = [r if r is not None else next(rest) for r in rows]
+    os.makedirs(data_dir, exist_ok=True)
+    for split, split_rows in (("train", rows), ("test", test[:8])):
+        with open(os.path.join(data_dir, f"{split}.jsonl"), "w") as f:
+            f.writelines(json.dumps({"question": r["question"], "answer": r["answer"]}) + "\n" for r in split_rows)
+    return data_dir
 
 
 def prepare_before(before, cache):
@@ -175,7 +197,6 @@ def parent(a):
         raise SystemExit(f"--impls: unknown {unknown}; choose from {','.join(IMPLS)}")
     cache = a.cache or os.path.join(tempfile.gettempdir(), "grpo-bench")
     model_dir = prepare_model(a.model, cache)
-    data_dir = os.path.join(cache, f"data-{a.model}")
     grpo_dirs = {i: os.path.abspath(a.grpo_dir) for i in impls}
     if "before" in impls:
         grpo_dirs["before"] = prepare_before(a.before, cache)
@@ -184,15 +205,23 @@ def parent(a):
     out = {"model": a.model, "machine": machine_info(), "before": a.before,
            "command": " ".join([os.path.relpath(__file__, ROOT)] + sys.argv[1:])}
 
-    def spec(impl, setting, prompts):
+    def prompts_and_data(B):
+        """The prompts of every run, and for each grpo.py run a dataset from which it draws them in that order."""
+        train, test, prompts = prepare_prompts(model_dir, a.warmup + a.steps, B, a.seed)
+        data_dirs = {impl: write_data(os.path.join(cache, f"data-{a.model}-{impl}"), train, test,
+                                      draw_order(grpo_dirs[impl], len(train), a.warmup + a.steps, B, a.seed))
+                     for impl in impls if IMPLS[impl][0] == "grpo"}
+        return prompts, data_dirs
+
+    def spec(impl, setting, prompts, data_dirs):
         family, dtype = IMPLS[impl]
         return {"impl": impl, "family": family, "dtype": dtype, "grpo_dir": grpo_dirs[impl], "model_dir": model_dir,
-                "data_dir": data_dir, "prompts": prompts, "steps": a.steps, "warmup": a.warmup, "seed": a.seed,
-                **setting}
+                "data_dir": data_dirs.get(impl), "prompts": prompts, "steps": a.steps, "warmup": a.warmup,
+                "seed": a.seed, **setting}
 
     if not a.scaling:
         setting = dict(PRESETS[a.model])
-        prompts = prepare_prompts(model_dir, data_dir, a.warmup + a.steps, setting["batch_prompts"], a.seed)
+        prompts, data_dirs = prompts_and_data(setting["batch_prompts"])
         if a.machine:
             out["floors"] = run_child({"impl": "machine", "grpo_dir": os.path.abspath(a.grpo_dir),
                                        "model_dir": model_dir, "prompts": prompts[:setting["batch_prompts"]],
@@ -204,7 +233,7 @@ def parent(a):
         runs = {impl: [] for impl in impls}
         for _ in range(a.rounds):  # rounds alternate the implementations, so slow spells of the machine hit all
             for impl in runs:
-                runs[impl].append(run_child(spec(impl, setting, prompts), log))
+                runs[impl].append(run_child(spec(impl, setting, prompts, data_dirs), log))
                 assert runs[impl][-1]["prompts_seen"] == prompts, f"{impl} did not train on the prompts given"
                 print(f"{impl}: median {summarize(runs[impl][-1:])['median_step_s']:.3f} s/step, "
                       f"peak RSS {runs[impl][-1]['peak_rss_mib']:.0f} MiB", flush=True)
@@ -224,9 +253,9 @@ def parent(a):
             if key in seen:
                 continue
             seen.add(key)
-            prompts = prepare_prompts(model_dir, data_dir, a.warmup + a.steps, setting["batch_prompts"], a.seed)
+            prompts, data_dirs = prompts_and_data(setting["batch_prompts"])
             for impl in impls:
-                r = summarize([run_child(spec(impl, setting, prompts), log)])
+                r = summarize([run_child(spec(impl, setting, prompts, data_dirs), log)])
                 row = {"impl": impl, **setting, "median_step_s": r["median_step_s"], "peak_rss_mib": r["peak_rss_mib"],
                        **{f"{k}_s": statistics.median(v) for k, v in r["parts_s"].items()}}
                 rows.append(row)

@@ -8,6 +8,7 @@ step times, their parts, the dtypes the matmuls ran in, and the process's peak m
 import json
 import os
 import resource
+import shutil
 import sys
 import tempfile
 import time
@@ -115,26 +116,31 @@ def child_grpo(s):
     grpo.completion_logprobs = parts.timed(grpo.completion_logprobs, "ref_forward",  # with mu=1 only the reference
                                            when=lambda *args, **kwargs: not torch.is_grad_enabled())  # runs no-grad
     parts.time_adamw_steps()
-    grpo.evaluate = lambda *args, **kwargs: {"acc_strict": 0.0, "acc_lenient": 0.0, "n": 0, "samples": []}
+    # a stand-in result of one question answered wrong: what the end-of-run summary reads, without generating
+    grpo.evaluate = lambda *args, **kwargs: {"acc_strict": 0.0, "acc_lenient": 0.0, "n": 1, "samples": [],
+                                             "right": [0], "right_strict": [0]}
     for name in ("save", "save_checkpoint", "save_final"):  # writing weights is not part of a step
         if hasattr(grpo, name):
             setattr(grpo, name, lambda *args: None)
+    if hasattr(grpo, "save_checkpoint") and hasattr(grpo, "save_pretrained"):  # the final model: an empty folder
+        grpo.save_pretrained = lambda model, tokenizer, path: os.makedirs(path)
     dtype_flag = []
     if accepts_dtype_flag(grpo):
         dtype_flag = ["--dtype", s["dtype"]]
     elif s["dtype"] != "float32":
         raise SystemExit(f"{s['grpo_dir']}/grpo.py has no --dtype flag; it can only run as float32 (on CPU)")
-    out_dir = tempfile.mkdtemp(prefix="bench-grpo-")
+    out_dir = os.path.join(tempfile.mkdtemp(prefix="bench-grpo-"), "run")  # a new folder, as every grpo.py takes
     B, G = s["batch_prompts"], s["G"]
     args = grpo.get_args([
         "--model", s["model_dir"], "--dataset", s["data_dir"], "--algo", "grpo", "--G", str(G),
         "--batch-prompts", str(B), "--micro-batch", str(B * G), "--max-new-tokens", str(N),
         "--temperature", "1.0", "--beta", "0.04", "--clip-eps", "0.2", "--mu", "1", "--loss-agg", "seq",
         "--lr", "1e-6", "--steps", str(s["warmup"] + s["steps"]), "--eval-every", "0", "--seed", str(s["seed"]),
-        "--device", "cpu", "--out", out_dir, "--overwrite", *dtype_flag])
+        "--device", "cpu", "--out", out_dir, *dtype_flag])
     grpo.train(args)
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
+    shutil.rmtree(os.path.dirname(out_dir))
     train = [r for r in records if r["type"] == "train"]
     assert all(n == N for n in lengths), f"completion lengths {set(lengths)} != {N}"
     step_s = [r["step_s"] for r in train]

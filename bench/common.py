@@ -2,6 +2,7 @@
 records which dtype the matmuls really ran in, and loading a grpo.py from any path."""
 
 import importlib.util
+import inspect
 import os
 import sys
 
@@ -57,3 +58,8 @@ def load_grpo(path):
     sys.modules["grpo"] = module
     spec.loader.exec_module(module)
     return module
+
+
+def group_size(grpo, G):
+    """generate's keyword for G answers per prompt: G in this grpo.py, repeat in older ones."""
+    return {"G": G} if "G" in inspect.signature(grpo.generate).parameters else {"repeat": G}

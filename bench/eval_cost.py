@@ -11,6 +11,7 @@ the same load), and each also counts the rows its decode steps ran (one row = on
 """
 
 import argparse
+import inspect
 import json
 import os
 import time
@@ -23,7 +24,13 @@ from common import ROOT, load_grpo
 def timed_eval(grpo, model, tokenizer, rows, eos_ids, flags):
     args = grpo.get_args(flags)
     t0 = time.perf_counter()
-    result = grpo.evaluate(model, tokenizer, rows, eos_ids, args)
+    if "args" in inspect.signature(grpo.evaluate).parameters:  # an older grpo.py: evaluate reads the flags itself
+        result = grpo.evaluate(model, tokenizer, rows, eos_ids, args)
+    else:  # the values train() passes it, and the generator of its step-0 evaluation
+        result = grpo.evaluate(model, tokenizer, rows[:args.eval_n], eos_ids, max_new_tokens=args.max_new_tokens,
+                               K=args.eval_samples, temperature=args.eval_temperature, dtype=args.dtype,
+                               generator=grpo.seeded_generator(torch.device("cpu"), args.seed, "eval", 0, 0),
+                               batch_size=args.batch_prompts * args.G)
     return time.perf_counter() - t0, {k: v for k, v in result.items() if isinstance(v, float)}
 
 

@@ -19,7 +19,7 @@ import os
 import sys
 import time
 
-from common import PRESETS, ROOT, as_lists, prepare_model, probe_compute_dtype
+from common import PRESETS, ROOT, as_lists, group_size, prepare_model, probe_compute_dtype
 
 DTYPES = ("float32", "bfloat16")
 MATMUL = (1024, 576, 1536)  # (m, k, n)
@@ -70,7 +70,7 @@ def decode_step_s(grpo, model, tokenizer, prompts, G, N, dtype, reps):
     for rep in range(reps + 1):
         starts.clear()
         with outer:
-            out = grpo.generate(model, tokenizer, prompts, [], N, repeat=G, temperature=1.0, **kwargs)
+            out = grpo.generate(model, tokenizer, prompts, [], N, temperature=1.0, **group_size(grpo, G), **kwargs)
         end = time.perf_counter()
         assert out["completion_ids"].shape == (len(prompts) * G, N) and len(starts) == N
         if rep:

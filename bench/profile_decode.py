@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from common import load_grpo
+from common import group_size, load_grpo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -40,7 +40,7 @@ def run(grpo, model, tokenizer, prompts, dtype, on_forward=None):
             on_forward(len(marks) - 1)  # 0 is the prompt pass, k >= 1 the k-th decode step
     handle = model.register_forward_pre_hook(hook)
     try:
-        out = grpo.generate(model, tokenizer, prompts, [], N, repeat=G, temperature=T, dtype=dtype)
+        out = grpo.generate(model, tokenizer, prompts, [], N, temperature=T, dtype=dtype, **group_size(grpo, G))
     finally:
         handle.remove()
     assert out["completion_ids"].shape == (B * G, N) and len(marks) == N

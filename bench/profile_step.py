@@ -63,17 +63,16 @@ def main():
                                     torch.device("cpu"))
     ref = grpo.reference_model(model, a.dtype)  # as train() makes it
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-9, weight_decay=0.0, fused=True)
-    args = grpo.get_args(["--model", "unused", "--setting", "full", "--dtype", a.dtype, "--temperature", "1.0",
-                          "--micro-batch", "8", "--max-new-tokens", str(N), "--G", str(G), "--batch-prompts", str(B)])
     train, _ = grpo.load_data("arith", 0)
     prompts = [grpo.build_prompt(tok, r["question"]) for r in train[:B]]
     adv = torch.randn(B * G)
     torch.manual_seed(0)
     for profiled in (False, True):  # a warm-up step, then the profiled one
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as sampling:
-            batch = grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0, dtype=a.dtype)
+            batch = grpo.generate(model, tok, prompts, [], N, G=G, temperature=1.0, dtype=a.dtype)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as training:
-            grpo.train_step(model, ref, optimizer, batch, adv, args)
+            grpo.train_step(model, ref, optimizer, batch, adv, micro_batch=8, temperature=1.0, max_new_tokens=N,
+                            dtype=a.dtype)  # grpo.py's defaults for the rest: mu 1, clip 0.2, beta 0.04, seq
     print(f"{a.model}, {B} x {G} answers of {N} tokens, --dtype {a.dtype}, {a.threads} thread(s), torch "
           f"{torch.__version__}\n")
     print(table(sampling, f"sampling ({N} decode steps)"), "\n")

@@ -2,8 +2,9 @@
 
 Times generate (fixed length: no EOS ids), the policy log-prob forward + backward through the loss,
 the reference forward, clip + fused AdamW, and token_logprobs alone (the vocabulary-sized part).
-With --ab it instead times completion_logprobs with share_prompts=True and False, twice each
-(forward with grad, backward, forward without grad). --dtype is grpo.py's (the matmuls' dtype under autocast).
+With --ab it instead times completion_logprobs with whole_rows=False (each prompt through the model once, its
+answers continuing from its KV cache) and True (prompt + answer row by row), twice each (forward with grad,
+backward, forward without grad). --dtype is grpo.py's (the matmuls' dtype under autocast).
 Uses the model directory bench_vs_trl.py uses (bench/common.py's prepare_model makes it if it is missing).
 Usage:
     python bench/step_parts.py --model smollm2 --reps 1 [--dtype bfloat16]
@@ -37,21 +38,21 @@ def main():
     train, _ = grpo.load_data("arith", 0)
     prompts = [grpo.build_prompt(tok, r["question"]) for r in train[:B]]
     torch.manual_seed(0)
-    batch = grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0, dtype=a.dtype)
-    x, attn, m = batch["input_ids"], batch["attention_mask"], batch["completion_mask"]
+    batch = grpo.generate(model, tok, prompts, [], N, G=G, temperature=1.0, dtype=a.dtype)
+    x, m = batch["completion_ids"], batch["completion_mask"]
     if a.ab:
         res = {}
-        for share in (True, False, True, False):
+        for whole_rows in (False, True, False, True):
             t0 = time.perf_counter()
-            logp = grpo.completion_logprobs(model, x, attn, N, 1.0, share_prompts=share, dtype=a.dtype)
+            logp = grpo.completion_logprobs(model, batch, temperature=1.0, whole_rows=whole_rows, dtype=a.dtype)[0]
             t1 = time.perf_counter()
             (logp * m).sum().backward()
             t2 = time.perf_counter()
             with torch.no_grad():
-                grpo.completion_logprobs(model, x, attn, N, 1.0, share_prompts=share, dtype=a.dtype)
+                grpo.completion_logprobs(model, batch, temperature=1.0, whole_rows=whole_rows, dtype=a.dtype)
             t3 = time.perf_counter()
             model.zero_grad(set_to_none=True)
-            res.setdefault(f"share_prompts={share}", []).append(
+            res.setdefault(f"whole_rows={whole_rows}", []).append(
                 {"forward": round(t1 - t0, 2), "backward": round(t2 - t1, 2), "no_grad_forward": round(t3 - t2, 2)})
         print(a.model, a.dtype, tuple(x.shape), json.dumps(res))
         return
@@ -69,22 +70,22 @@ def main():
         return statistics.median(ts)
 
     def policy():
-        logp = grpo.completion_logprobs(model, x, attn, N, 1.0, dtype=a.dtype)
+        logp = grpo.completion_logprobs(model, batch, temperature=1.0, dtype=a.dtype)[0]
         grpo.grpo_loss(logp, logp.detach(), logp.detach(), adv, m)[0].backward()
 
     def reference():
         with torch.no_grad():
-            grpo.completion_logprobs(ref, x, attn, N, 1.0, dtype=a.dtype)
+            grpo.completion_logprobs(ref, batch, temperature=1.0, dtype=a.dtype)
 
     def sample():
-        return grpo.generate(model, tok, prompts, [], N, repeat=G, temperature=1.0, dtype=a.dtype)
+        return grpo.generate(model, tok, prompts, [], N, G=G, temperature=1.0, dtype=a.dtype)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-9, fused=True)
-    logits = torch.randn(B * G, N - 1, model.config.vocab_size, requires_grad=True)
+    logits = torch.randn(B * G, N, model.config.vocab_size, requires_grad=True)  # one row per completion token
     res = {"generate": timeit(sample),
            "policy_fwd_bwd": timeit(policy), "ref_fwd": timeit(reference),
            "clip+adamw": timeit(lambda: (torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0), opt.step())),
-           "token_logprobs_fwd_bwd": timeit(lambda: grpo.token_logprobs(logits, x[:, -N + 1:], 1.0).sum().backward())}
+           "token_logprobs_fwd_bwd": timeit(lambda: grpo.token_logprobs(logits, x, 1.0)[0].sum().backward())}
     print(a.model, a.dtype, tuple(x.shape), json.dumps({k: round(v, 3) for k, v in res.items()}))
 
 

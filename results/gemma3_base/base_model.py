@@ -34,7 +34,10 @@ def measure(model, tokenizer, eos_ids, dataset, shots, a):
              "--eval-samples", str(a.samples), "--temperature", "1.0", "--seed", str(a.seed)]
     args = grpo.get_args(flags)
     t0 = time.time()
-    result = grpo.evaluate(model, tokenizer, test_rows, eos_ids, args, prefix)
+    result = grpo.evaluate(model, tokenizer, test_rows[:args.eval_n], eos_ids, max_new_tokens=args.max_new_tokens,
+                           K=args.eval_samples, temperature=args.eval_temperature, shots=prefix, dtype=args.dtype,
+                           generator=grpo.seeded_generator(torch.device("cpu"), a.seed, "eval", 0, 0),
+                           batch_size=args.batch_prompts * args.G)  # as train() evaluates at step 0
     return {"dataset": dataset, "shots": shots, "fewshot_rows": picked, "max_new_tokens": max_new_tokens,
             "dtype": a.dtype, "seconds": round(time.time() - t0, 1), "threads": torch.get_num_threads(), **result}
 

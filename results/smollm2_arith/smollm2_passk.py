@@ -8,7 +8,8 @@ seeded from --seed, so every policy of one seed is judged on the same questions 
 appends one line to FOLDER/passk.jsonl; a name already there is skipped. `summarize` writes the tables, including
 these runs' train lines against those of the same command in OTHER = smollm2_lr1e-5_B2_100steps/.
 
-    python -m results.smollm2_arith.smollm2_passk eval --name grpo_seed0 --model runs/smollm2_passk/grpo_seed0 --seed 0
+    python -m results.smollm2_arith.smollm2_passk eval --name grpo_seed0 --model runs/smollm2_passk/grpo_seed0/model \
+        --seed 0
     python -m results.smollm2_arith.smollm2_passk eval --name start_seed0 --model smollm2 --seed 0
     python -m results.smollm2_arith.smollm2_passk summarize \
         --md results/smollm2_arith/smollm2_lr1e-5_B2_100steps_passk/passk.md
@@ -44,7 +45,10 @@ def evaluate(name, model_name, seed):
     model, tokenizer, eos_ids = grpo.load_model(model_name, torch.device("cpu"))
     _, test_rows = grpo.load_data("arith", seed)
     t0 = time.time()
-    result = grpo.evaluate(model, tokenizer, test_rows, eos_ids, args)
+    result = grpo.evaluate(model, tokenizer, test_rows[:args.eval_n], eos_ids, max_new_tokens=args.max_new_tokens,
+                           K=args.eval_samples, temperature=args.eval_temperature, dtype=args.dtype,
+                           generator=grpo.seeded_generator(torch.device("cpu"), seed, "eval", 0, 0),
+                           batch_size=args.batch_prompts * args.G)  # as train() evaluates at step 0
     record = {"name": name, "model": model_name, "seed": seed, "flags": FLAGS, "seconds": round(time.time() - t0, 1),
               "threads": torch.get_num_threads(), **result}
     os.makedirs(FOLDER, exist_ok=True)

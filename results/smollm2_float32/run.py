@@ -17,6 +17,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def run_one(kind, algo, lr, seed, steps):
     out = os.path.join(SCRATCH, kind, name)
     spent_path = os.path.join(SCRATCH, kind, name + ".spent.json")  # beside the run's folder, which grpo.py owns
     spent = json.load(open(spent_path)) if os.path.exists(spent_path) else {"wall_s": 0.0, "cpu_s": 0.0, "attempts": []}
-    if os.path.isdir(os.path.join(out, "checkpoint")):
+    if os.path.isdir(out) and any(re.fullmatch(r"checkpoint-[0-9]+", n) for n in os.listdir(out)):
         argv = ["--resume", out]
     else:
         shutil.rmtree(out, ignore_errors=True)  # this script's own folder, killed before its first checkpoint

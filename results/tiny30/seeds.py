@@ -32,6 +32,7 @@ import argparse
 import gzip
 import json
 import os
+import re
 import shutil
 import statistics
 import sys
@@ -89,16 +90,42 @@ def run_one(study, policy, path, algo, lr, seed, steps, eval_samples=0, batch_pr
     out = os.path.join(SCRATCH, setting, f"{algo}_seed{seed}")
     argv = ["--model", path, *ALGOS[algo], "--lr", str(lr), "--seed", str(seed), "--steps", str(steps),
             *FLAGS, *passk_flags(eval_samples, every), "--batch-prompts", str(batch_prompts),
-            "--micro-batch", str(batch_prompts * 8), "--save-every", str(SAVE_EVERY), "--out", out, "--overwrite"]
-    spent = os.path.join(out, "spent.json")  # wall and CPU seconds of the attempts before this one
-    if os.path.exists(os.path.join(out, "checkpoint")) and os.path.exists(spent):
-        argv = ["--resume", out]
-    else:
-        shutil.rmtree(out, ignore_errors=True)
-        os.makedirs(out)
-        with open(spent, "w") as f:
-            json.dump({"wall_s": 0.0, "cpu_s": 0.0}, f)
+            "--micro-batch", str(batch_prompts * 8), "--save-every", str(SAVE_EVERY), "--out", out]
+    spent = out + ".spent.json"  # wall and CPU seconds of the attempts before this one; beside the run's folder
     log = os.path.join(SCRATCH, f"{setting}_{algo}_seed{seed}.log")
+    started = os.path.isdir(out) and os.path.exists(spent)
+    if started and os.path.isdir(os.path.join(out, "model")):  # the run ended, its file was not written yet
+        with open(spent) as f:
+            record = json.load(f)
+        wall, cpu = record["wall_s"], record["cpu_s"]
+    else:
+        if started and any(re.fullmatch(r"checkpoint-[0-9]+", name) for name in os.listdir(out)):
+            argv = ["--resume", out]
+        else:  # this script's own scratch folder: a run only starts in a new one
+            shutil.rmtree(out, ignore_errors=True)
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with open(spent, "w") as f:
+                json.dump({"wall_s": 0.0, "cpu_s": 0.0}, f)
+        wall, cpu = attempt(argv, spent, log)
+    os.makedirs(os.path.dirname(final), exist_ok=True)
+    with open(os.path.join(out, "metrics.jsonl")) as src, gzip.open(final + ".tmp", "wt") as dst:
+        for line in src:
+            dst.write(json.dumps(compact(json.loads(line))) + "\n")
+    os.replace(final + ".tmp", final)  # the file appears only once complete
+    shutil.rmtree(out)
+    os.remove(spent)
+    if os.path.exists(log):
+        os.remove(log)
+    with open(os.path.join(study, "runs.jsonl"), "a") as f:
+        f.write(json.dumps({"setting": setting, "algo": algo, "seed": seed, "steps": steps,
+                            "batch_prompts": batch_prompts, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}) + "\n")
+    print(f"{setting} {algo} seed {seed}: {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
+    return wall, cpu
+
+
+def attempt(argv, spent, log):
+    """grpo.main(argv) in a forked child, its output to `log`; returns the wall and CPU seconds of this attempt and
+    the ones before it (kept current in `spent`, so an attempt ended with the session still counts)."""
     t0 = time.time()
     pid = os.fork()
     if pid == 0:  # the child: grpo.py's own main(), stdout and stderr to the run's log
@@ -123,7 +150,7 @@ def run_one(study, policy, path, algo, lr, seed, steps, eval_samples=0, batch_pr
             os._exit(status)
     with open(spent) as f:
         before = json.load(f)
-    while True:  # spent.json stays current, so an attempt ended with the session still counts
+    while True:
         done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
             cpu = usage.ru_utime + usage.ru_stime
@@ -141,17 +168,6 @@ def run_one(study, policy, path, algo, lr, seed, steps, eval_samples=0, batch_pr
         with open(log) as f:
             tail = f.read()[-2000:]
         raise RuntimeError(f"grpo.py {' '.join(argv)} failed (exit {os.waitstatus_to_exitcode(status)}):\n{tail}")
-    os.makedirs(os.path.dirname(final), exist_ok=True)
-    with open(os.path.join(out, "metrics.jsonl")) as src, gzip.open(final + ".tmp", "wt") as dst:
-        for line in src:
-            dst.write(json.dumps(compact(json.loads(line))) + "\n")
-    os.replace(final + ".tmp", final)  # the file appears only once complete
-    shutil.rmtree(out)
-    os.remove(log)
-    with open(os.path.join(study, "runs.jsonl"), "a") as f:
-        f.write(json.dumps({"setting": setting, "algo": algo, "seed": seed, "steps": steps,
-                            "batch_prompts": batch_prompts, "wall_s": round(wall, 1), "cpu_s": round(cpu, 1)}) + "\n")
-    print(f"{setting} {algo} seed {seed}: {wall:.0f} s wall, {cpu:.0f} s CPU", flush=True)
     return wall, cpu
 
 

@@ -49,10 +49,10 @@ def setup(name, task, seed, train_steps=0):
         from testing_utils import write_data
         tmp = tempfile.mkdtemp()
         data = write_data(os.path.join(tmp, "data"), rows, rows[:8])
-        name = grpo.train(grpo.get_args([
+        name = os.path.join(grpo.train(grpo.get_args([
             "--model", name, "--dataset", data, "--G", "8", "--batch-prompts", "4", "--steps", str(train_steps),
             "--max-new-tokens", "3", "--micro-batch", "32", "--lr", "3e-3", "--eval-every", "0", "--eval-n", "8",
-            "--seed", str(seed), "--dtype", "float32", "--out", os.path.join(tmp, "run")]))
+            "--seed", str(seed), "--dtype", "float32", "--out", os.path.join(tmp, "run")])), "model")  # final model
     return (*grpo.load_model(name, torch.device("cpu")), rows)
 
 
@@ -126,12 +126,11 @@ def main():
     rewards_seen = []
     t0, cpu0 = time.time(), time.process_time()
     for k in range(a.batches):
-        batch = grpo.generate(model, tokenizer, prompts, eos_ids, a.max_new_tokens, repeat=a.G,
+        batch = grpo.generate(model, tokenizer, prompts, eos_ids, a.max_new_tokens, G=a.G,
                               temperature=a.temperature)
         texts = grpo.decode_completions(tokenizer, batch)
         rewards = torch.tensor([grpo.reward(t, r) for t, r in zip(texts, refs)])
         rewards_seen.append(rewards.mean().item())
-        T = batch["completion_mask"].shape[1]
         advs = {algo: grpo.group_advantages(rewards, a.G, algo) for algo in ALGOS}
         flat = {algo: torch.zeros(n_params) for algo in ALGOS}
         N = len(texts)
@@ -139,8 +138,7 @@ def main():
         # loss (test_micro_batching_equals_full_batch), so the summed gradients are the full-batch gradient.
         for start in range(0, N, a.micro_batch):
             sl = slice(start, start + a.micro_batch)
-            logp = grpo.completion_logprobs(model, batch["input_ids"][sl], batch["attention_mask"][sl], T,
-                                            a.temperature)
+            logp = grpo.completion_logprobs(model, batch, sl, a.temperature)[0]
             for i, algo in enumerate(ALGOS):
                 loss, _ = grpo.grpo_loss(logp, logp.detach(), None, advs[algo][sl], batch["completion_mask"][sl],
                                          beta=0.0, n_seqs=N)
