@@ -978,13 +978,13 @@ def fit_prompts(train_rows, test_rows, model, tokenizer, args):
 def check_out(args):
     """An --out that is not new or empty, or a --resume that cannot go, found before minutes of loading."""
     out = args.out
-    if args.resume and os.path.isdir(os.path.join(out, "model")):
-        raise ConfigError(f"the run in {out} is complete: its final model is in {os.path.join(out, 'model')}")
-    if args.resume and latest_checkpoint(out) is None:
-        raise ConfigError(f"--resume {out}: no checkpoint in it (one is written every --save-every steps, on Ctrl-C "
-                          "or SIGTERM, and at the end); start a new run")
     if args.resume:
         os.close(lock_folder(out))  # a live run holds it: refused now
+        if os.path.isdir(os.path.join(out, "model")):
+            raise ConfigError(f"the run in {out} is complete: its final model is in {os.path.join(out, 'model')}")
+        if latest_checkpoint(out) is None:
+            raise ConfigError(f"--resume {out}: no checkpoint in it (one is written every --save-every steps, on "
+                              "Ctrl-C or SIGTERM, and at the end); start a new run")
     elif out is not None and os.path.lexists(out) and not (os.path.isdir(out) and not os.listdir(out)):
         resume = os.path.isfile(os.path.join(out, "metrics.jsonl"))
         raise ConfigError(f"--out {out} is not an empty folder; a run writes only into a new or empty one: pick "

@@ -3226,8 +3226,8 @@ def open_log(*args):
 
 def train_step(*args, **kwargs):
     steps.append(1)
-    if len(steps) == 2:
-        wait("step2")
+    if len(steps) in (1, 2):
+        wait(f"step{len(steps)}")
     return real_step(*args, **kwargs)
 
 
@@ -3275,6 +3275,12 @@ def test_a_second_run_or_a_resume_on_a_live_runs_folder_is_refused(tiny_dir, dat
         assert_one_line_error(r, f"{out} is in use by a grpo.py run that is still going")
         assert os.listdir(out) == []
         (gates / "go-claimed").touch()
+        arrive(live, gates, "step1")
+        # metrics.jsonl begun, no checkpoint yet: a --resume is told the run is live, not that it has no checkpoint
+        assert sorted(os.listdir(out)) == ["metrics.jsonl", "rollouts.jsonl"]
+        r = main_exit(capsys, ["--resume", out])
+        assert_one_line_error(r, f"{out} is in use by a grpo.py run that is still going")
+        (gates / "go-step1").touch()
         arrive(live, gates, "step2")
         before = snapshot(out)
         assert "checkpoint-1/state.json" in before and "metrics.jsonl" in before
