@@ -394,7 +394,7 @@ def test_the_float32_studys_two_valued_rows_name_both_tests():
     # observed sum, p = 0.031; the t-interval includes 0
     assert row[4:6] == [f"{stats.t_test_p(STRICT_50):.3f}", "0.031"] and stats.t_test_p(STRICT_50) > 0.05
     assert row[7] == "0 / 6 (4 tied)"
-    assert row[8] == "GRPO keeps the `#### N` format, which the lenient reward does not pay for (< 0)"
+    assert row[8] == "GRPO writes the `#### N` format, which the lenient reward does not pay for (< 0)"
     assert row[9] == "t-test: inconclusive; sign-flip: reproduced |"
     lenient = next(x for x in report.paired_table(runs, 100, [50, 100]) if x.startswith("| held-out acc_lenient, "
                                                                                         "step 100")).split(" | ")

@@ -27,11 +27,12 @@ LAST = 10
 # The claims of results/README.md a row tests, with the sign stats.verdict takes for reinforce - grpo.
 FASTER = ("GRPO learns faster", -1)
 AHEAD = ("GRPO ends above REINFORCE", -1)
-FORMAT = ("GRPO keeps the `#### N` format, which the lenient reward does not pay for", -1)  # strict accuracy
+FORMAT = ("GRPO writes the `#### N` format, which the lenient reward does not pay for", -1)  # strict accuracy
 ENTROPY = ("without a baseline the entropy falls faster", -1)
 DRIFT = ("REINFORCE drifts further from the reference late", +1)
-SPREAD = ("GRPO's runs end closer together (lower variance)", +1)
+SPREAD = ("GRPO's runs lie closer together over the whole run, by the sd of the AUC and not of the end", +1)
 LOWER = ("GRPO's gradient estimate has lower variance than REINFORCE's", -1)  # a ratio grpo / reinforce below 1
+RATIOS = (SPREAD, LOWER)  # claims tested by a ratio: predicted below or above 1, not 0
 
 # The gradient-variance measurements (grad_variance.py), by the policy each was taken at.
 VARIANCE = (("the starting policy", "variance/start.json"),
@@ -288,10 +289,10 @@ def holm_table(rows):
     rest = [r for r in rows if r[2] is None]
     adjusted = {r[0]: pair for r, pair in zip(rest, zip(stats.holm([r[4] for r in rest]),
                                                         stats.holm([r[5] for r in rest])))}
-    lines = ["| row | role | claim (predicted sign) | p, t-test | with Holm | p, sign-flip | with Holm | verdict "
-             "| verdict with Holm |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| row | role | claim (predicted side of 0; a ratio: of 1) | p, t-test | with Holm | p, sign-flip "
+             "| with Holm | verdict | verdict with Holm |", "|---|---|---|---|---|---|---|---|---|"]
     for name, claim, primary, diff, pt, ps, plain in sorted(rows, key=lambda r: r[2] is None):
-        wanted = "—" if claim is None else f"{claim[0]} ({'< 0' if claim[1] < 0 else '> 0'})"
+        wanted = "—" if claim is None else f"{claim[0]} ({'<' if claim[1] < 0 else '>'} {1 if claim in RATIOS else 0})"
         if primary:
             lines.append(f"| {name} | primary: {primary} | {wanted} | {p_text(pt)} | — | {p_text(ps)} | — | {plain} "
                          "| — (primary: not corrected) |")

@@ -1,10 +1,10 @@
 """SmolLM2-135M-Instruct on arith in float32: GRPO vs REINFORCE, each at a learning rate of its own, 10 seeds.
 
-    python results/smollm2_float32/run.py sweep --seeds 100       # one queue; a second one takes --seeds 101
-    python results/smollm2_float32/run.py sweep                   # or both sweep seeds, 100-101, in one queue
-    python results/smollm2_float32/run.py pick                    # the rule of README.md -> lr.json
-    python results/smollm2_float32/run.py seeds --seeds 0-4       # 100-step runs at the picked rates
-    python results/smollm2_float32/run.py seeds --algos grpo      # one algorithm's seeds, a queue of its own
+    python -m results.smollm2_float32.run sweep --seeds 100   # one queue; a second one takes --seeds 101
+    python -m results.smollm2_float32.run sweep               # or both sweep seeds, 100-101, in one queue
+    python -m results.smollm2_float32.run pick                # the rule of README.md -> lr.json
+    python -m results.smollm2_float32.run seeds --seeds 0-4   # 100-step runs at the picked rates
+    python -m results.smollm2_float32.run seeds --algos grpo  # one algorithm's seeds, a queue of its own
 
 Each run is `grpo.py` with FLAGS in a child process on one thread, its folder under runs/smollm2_float32/ (checkpoint
 every 10 steps). A run whose file here exists is skipped; a run stopped part-way continues from its last checkpoint.
@@ -23,11 +23,10 @@ import subprocess
 import sys
 import time
 
+from results.stats import machine  # the commit, CPU model and torch that made an attempt
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
-if __package__ in (None, ""):  # run as a script, python results/smollm2_float32/run.py: the repository's modules
-    sys.path.insert(0, ROOT)
-from results.stats import machine  # noqa: E402  (the commit, CPU model and torch that made an attempt)
 
 SCRATCH = os.path.join(ROOT, "runs", "smollm2_float32")
 FLAGS = ["--model", "smollm2", "--dataset", "arith", "--G", "8", "--batch-prompts", "2", "--max-new-tokens", "64",
