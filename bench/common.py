@@ -27,7 +27,7 @@ def prepare_model(name, cache):
         from testing_utils import make_tiny_model
         return make_tiny_model(path, seed=0, n_layer=2, n_embd=64)  # GPT-2, 2 layers, width 64, char tokenizer
     # SmolLM2 ships as GGUF; TRL builds its reference model with from_pretrained(path), so save plain weights once
-    model, tokenizer = grpo.load_model("smollm2", torch.device("cpu"))[:2]
+    model, tokenizer = grpo.load_model("smollm2", torch.device("cpu"))[:2]  # [:2]: older ones also return eos_ids
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -63,3 +63,25 @@ def load_grpo(path):
 def group_size(grpo, G):
     """generate's keyword for G answers per prompt: G in this grpo.py, repeat in older ones."""
     return {"G": G} if "G" in inspect.signature(grpo.generate).parameters else {"repeat": G}
+
+
+def generate_fixed_length(grpo, model, tokenizer, prompts, N, G, temperature, dtype):
+    """grpo.generate of G answers per prompt that never end early (no EOS ids: every answer has N tokens), with the
+    matmuls in `dtype`, for this grpo.py and older ones. This one reads the EOS ids from the model's generation config
+    (emptied for the call) and leaves autocast to its caller; older ones took eos_ids, and once they had --dtype, a
+    dtype; before that, generate ran fp32 on CPU unless autocast was already on."""
+    import contextlib
+    import torch
+    params = inspect.signature(grpo.generate).parameters
+    region = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")  # grpo.autocast, on CPU
+    if "eos_ids" not in params:
+        eos = model.generation_config.eos_token_id
+        model.generation_config.eos_token_id = []
+        try:
+            with region:
+                return grpo.generate(model, tokenizer, prompts, N, temperature=temperature, G=G)
+        finally:
+            model.generation_config.eos_token_id = eos
+    kwargs = {"dtype": dtype} if "dtype" in params else {}
+    with contextlib.nullcontext() if kwargs else region:
+        return grpo.generate(model, tokenizer, prompts, [], N, temperature=temperature, **group_size(grpo, G), **kwargs)

@@ -23,14 +23,21 @@ from common import ROOT, load_grpo
 
 def timed_eval(grpo, model, tokenizer, rows, eos_ids, flags):
     args = grpo.get_args(flags)
+    params = inspect.signature(grpo.evaluate).parameters
+    cpu = torch.device("cpu")
     t0 = time.perf_counter()
-    if "args" in inspect.signature(grpo.evaluate).parameters:  # an older grpo.py: evaluate reads the flags itself
+    if "args" in params:  # an older grpo.py: evaluate reads the flags itself
         result = grpo.evaluate(model, tokenizer, rows, eos_ids, args)
-    else:  # the values train() passes it, and the generator of its step-0 evaluation
+    elif "eos_ids" in params:  # an older grpo.py: the values train() passed it, with eos_ids and dtype
         result = grpo.evaluate(model, tokenizer, rows[:args.eval_n], eos_ids, max_new_tokens=args.max_new_tokens,
                                K=args.eval_samples, temperature=args.eval_temperature, dtype=args.dtype,
-                               generator=grpo.seeded_generator(torch.device("cpu"), args.seed, "eval", 0, 0),
+                               generator=grpo.seeded_generator(cpu, args.seed, "eval", 0, 0),
                                batch_size=args.batch_prompts * args.G)
+    else:  # the values train() passes it, in its autocast region, and the generator of its step-0 evaluation
+        with grpo.autocast(cpu, args.dtype):
+            result = grpo.evaluate(model, tokenizer, rows[:args.eval_n], args.max_new_tokens, K=args.eval_samples,
+                                   temperature=args.temperature, batch_size=args.batch_prompts * args.G,
+                                   generator=grpo.seeded_generator(cpu, args.seed, "eval", 0, 0))
     return time.perf_counter() - t0, {k: v for k, v in result.items() if isinstance(v, float)}
 
 
@@ -65,7 +72,8 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(1)
     grpo = load_grpo(os.path.join(a.grpo_dir, "grpo.py"))
-    model, tokenizer, eos_ids = grpo.load_model("smollm2", torch.device("cpu"))
+    model, tokenizer = grpo.load_model("smollm2", torch.device("cpu"))[:2]  # [:2]: older ones also return eos_ids
+    eos_ids = model.generation_config.eos_token_id  # what older ones' evaluate takes; every one sets it there
     rows = grpo.load_data("arith", 0)[1]
     common = ["--model", "smollm2", "--dataset", "arith", "--G", "8", "--batch-prompts", "2",
               "--max-new-tokens", "64", "--temperature", "0.7", "--dtype", a.dtype]

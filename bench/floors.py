@@ -6,20 +6,19 @@
                   what the CPU's matrix units deliver, in GFLOP/s.
     decode step   grpo.generate for B*G rows, fixed length (no EOS): the seconds between one forward call
                   after the prompt pass and the next (forward + sampling one token for every row), with
-                  the matmuls in that dtype (grpo's --dtype; autocast for a grpo.py that predates it).
+                  the matmuls in that dtype (under autocast; the dtype argument of the grpo.py versions that had one).
 
 The number to watch is decode step / weight read: how close sampling comes to the memory floor.
 bench_vs_trl.py runs `measure` in a child process (bench/child.py); standalone: python bench/floors.py --model tiny
 """
 
 import argparse
-import inspect
 import json
 import os
 import sys
 import time
 
-from common import PRESETS, ROOT, as_lists, group_size, prepare_model, probe_compute_dtype
+from common import PRESETS, ROOT, as_lists, generate_fixed_length, prepare_model, probe_compute_dtype
 
 DTYPES = ("float32", "bfloat16")
 MATMUL = (1024, 576, 1536)  # (m, k, n)
@@ -54,23 +53,14 @@ def matmul_s(dtype, reps):
 def decode_step_s(grpo, model, tokenizer, prompts, G, N, dtype, reps):
     """Seconds per decode step of grpo.generate, pooled over reps calls after one warm-up: the gaps between
     successive forward calls after the prompt pass, and from the last one to the end of generate."""
-    import contextlib
-    import torch
     starts = []
     handle = model.register_forward_pre_hook(lambda module, args: starts.append(time.perf_counter()))
-    if "dtype" in inspect.signature(grpo.generate).parameters:
-        kwargs = {"dtype": dtype}
-        outer = contextlib.nullcontext()
-    else:  # a grpo.py from before --dtype: its generate runs fp32 on CPU unless autocast is already on
-        kwargs = {}
-        outer = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
     seen = {}
     probe = probe_compute_dtype(model, seen)
     steps = []
     for rep in range(reps + 1):
         starts.clear()
-        with outer:
-            out = grpo.generate(model, tokenizer, prompts, [], N, temperature=1.0, **group_size(grpo, G), **kwargs)
+        out = generate_fixed_length(grpo, model, tokenizer, prompts, N, G, 1.0, dtype)
         end = time.perf_counter()
         assert out["completion_ids"].shape == (len(prompts) * G, N) and len(starts) == N
         if rep:

@@ -20,7 +20,7 @@ import statistics
 import sys
 import time
 
-from common import group_size, load_grpo
+from common import generate_fixed_length, load_grpo
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -40,7 +40,7 @@ def run(grpo, model, tokenizer, prompts, dtype, on_forward=None):
             on_forward(len(marks) - 1)  # 0 is the prompt pass, k >= 1 the k-th decode step
     handle = model.register_forward_pre_hook(hook)
     try:
-        out = grpo.generate(model, tokenizer, prompts, [], N, temperature=T, dtype=dtype, **group_size(grpo, G))
+        out = generate_fixed_length(grpo, model, tokenizer, prompts, N, G, T, dtype)
     finally:
         handle.remove()
     assert out["completion_ids"].shape == (B * G, N) and len(marks) == N
@@ -99,7 +99,7 @@ def main():
     grpo = load_grpo(os.path.abspath(a.grpo))
     sys.path.insert(0, HERE)
     import floors
-    model, tokenizer, _ = grpo.load_model("smollm2", torch.device("cpu"))
+    model, tokenizer = grpo.load_model("smollm2", torch.device("cpu"))[:2]  # [:2]: older ones also return eos_ids
     model.eval()
     train, _ = grpo.load_data("arith", 0)
     prompts = [grpo.build_prompt(tokenizer, r["question"]) for r in train[:B]]

@@ -14,7 +14,7 @@ import tempfile
 
 import torch
 
-from common import PRESETS, prepare_model  # also puts the repository root, with grpo.py, on sys.path
+from common import PRESETS, generate_fixed_length, prepare_model  # also puts the repository root on sys.path
 import grpo
 
 KINDS = {  # operator -> kind; everything else is listed by name
@@ -59,8 +59,8 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     B, G, N = (PRESETS[a.model][k] for k in ("batch_prompts", "G", "new_tokens"))
-    model, tok, _ = grpo.load_model(prepare_model(a.model, os.path.join(tempfile.gettempdir(), "grpo-bench")),
-                                    torch.device("cpu"))
+    model, tok = grpo.load_model(prepare_model(a.model, os.path.join(tempfile.gettempdir(), "grpo-bench")),
+                                 torch.device("cpu"))
     ref = grpo.reference_model(model, a.dtype)  # as train() makes it
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-9, weight_decay=0.0, fused=True)
     train, _ = grpo.load_data("arith", 0)
@@ -69,10 +69,12 @@ def main():
     torch.manual_seed(0)
     for profiled in (False, True):  # a warm-up step, then the profiled one
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as sampling:
-            batch = grpo.generate(model, tok, prompts, [], N, G=G, temperature=1.0, dtype=a.dtype)
+            batch = generate_fixed_length(grpo, model, tok, prompts, N, G, 1.0, a.dtype)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as training:
-            grpo.train_step(model, ref, optimizer, batch, adv, micro_batch=8, temperature=1.0, max_new_tokens=N,
-                            dtype=a.dtype)  # grpo.py's defaults for the rest: mu 1, clip 0.2, beta 0.04, seq
+            # one autocast region around the step, as train() has; StepConfig's defaults for the rest: mu 1,
+            # clip 0.2, beta 0.04, seq
+            with grpo.autocast(torch.device("cpu"), a.dtype):
+                grpo.train_step(model, ref, optimizer, batch, adv, grpo.StepConfig(micro_batch=8, max_new_tokens=N))
     print(f"{a.model}, {B} x {G} answers of {N} tokens, --dtype {a.dtype}, {a.threads} thread(s), torch "
           f"{torch.__version__}\n")
     print(table(sampling, f"sampling ({N} decode steps)"), "\n")

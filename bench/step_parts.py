@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from common import PRESETS, prepare_model  # also puts the repository root, with grpo.py, on sys.path
+from common import PRESETS, generate_fixed_length, prepare_model  # also puts the repository root on sys.path
 import grpo
 
 
@@ -34,22 +34,24 @@ def main():
     torch.set_num_threads(1)
     B, G, N = (PRESETS[a.model][k] for k in ("batch_prompts", "G", "new_tokens"))
     model, tok = grpo.load_model(prepare_model(a.model, os.path.join(tempfile.gettempdir(), "grpo-bench")),
-                                 torch.device("cpu"))[:2]
+                                 torch.device("cpu"))
+    cpu = torch.device("cpu")
     train, _ = grpo.load_data("arith", 0)
     prompts = [grpo.build_prompt(tok, r["question"]) for r in train[:B]]
     torch.manual_seed(0)
-    batch = grpo.generate(model, tok, prompts, [], N, G=G, temperature=1.0, dtype=a.dtype)
+    batch = generate_fixed_length(grpo, model, tok, prompts, N, G, 1.0, a.dtype)
     x, m = batch["completion_ids"], batch["completion_mask"]
     if a.ab:
         res = {}
         for whole_rows in (False, True, False, True):
             t0 = time.perf_counter()
-            logp = grpo.completion_logprobs(model, batch, temperature=1.0, whole_rows=whole_rows, dtype=a.dtype)[0]
+            with grpo.autocast(cpu, a.dtype):
+                logp = grpo.completion_logprobs(model, batch, whole_rows=whole_rows)[0]
             t1 = time.perf_counter()
             (logp * m).sum().backward()
             t2 = time.perf_counter()
-            with torch.no_grad():
-                grpo.completion_logprobs(model, batch, temperature=1.0, whole_rows=whole_rows, dtype=a.dtype)
+            with torch.no_grad(), grpo.autocast(cpu, a.dtype):
+                grpo.completion_logprobs(model, batch, whole_rows=whole_rows)
             t3 = time.perf_counter()
             model.zero_grad(set_to_none=True)
             res.setdefault(f"whole_rows={whole_rows}", []).append(
@@ -69,16 +71,18 @@ def main():
             ts.append(time.perf_counter() - t)
         return statistics.median(ts)
 
-    def policy():
-        logp = grpo.completion_logprobs(model, batch, temperature=1.0, dtype=a.dtype)[0]
-        grpo.grpo_loss(logp, logp.detach(), logp.detach(), adv, m)[0].backward()
+    def policy():  # one autocast region around forward and backward, as train() has
+        with grpo.autocast(cpu, a.dtype):
+            logp = grpo.completion_logprobs(model, batch)[0]
+            grpo.grpo_loss(logp, logp.detach(), logp.detach(), adv, m, len(adv), clip_eps=0.2,
+                           beta=0.04)[0].backward()  # seq: the norm is the batch's number of answers
 
     def reference():
-        with torch.no_grad():
-            grpo.completion_logprobs(ref, batch, temperature=1.0, dtype=a.dtype)
+        with torch.no_grad(), grpo.autocast(cpu, a.dtype):
+            grpo.completion_logprobs(ref, batch)
 
     def sample():
-        return grpo.generate(model, tok, prompts, [], N, G=G, temperature=1.0, dtype=a.dtype)
+        return generate_fixed_length(grpo, model, tok, prompts, N, G, 1.0, a.dtype)
 
     opt = torch.optim.AdamW(model.parameters(), lr=1e-9, fused=True)
     logits = torch.randn(B * G, N, model.config.vocab_size, requires_grad=True)  # one row per completion token

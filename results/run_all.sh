@@ -80,7 +80,7 @@ done
 } > results/tiny30/variance/tiny30_along_training.md
 # The pass@k spectrum: tiny30, the seeds.py flags, lr 1e-4, 300 steps, grpo, reinforce, drgrpo_seq and negative
 #   (adv = r - 1), seeds 0-19, with 64 answers per held-out question at T = 1.0 at step 0 and step 300
-#   (--eval-samples 64 --eval-temperature 1.0 --eval-every 0); ~60 s of one thread per run. Resumable. Writes
+#   (--eval-samples 64 --eval-every 0, sampled at --temperature 1.0); ~60 s of one thread per run. Resumable. Writes
 #   results/tiny30/tiny30_lr1e-4_B4_300steps_passk/<algo>_seed<k>.jsonl.gz, then the tables and the plot.
 P30=results/tiny30/tiny30_lr1e-4_B4_300steps_passk
 OMP_NUM_THREADS=1 python -m results.tiny30.seeds run --policy tiny30=results/tiny_policy/ckpt30 --lr 1e-4 --seeds 0-19 \
@@ -215,9 +215,9 @@ python -m results.extraction.compare
 #   algorithm's rate into lr.json, then seeds 0-9 of both at those rates (100 steps; 22-38 CPU minutes a run
 #   on a 2-core Xeon with AMX; a second queue can take `seeds --algos reinforce` while this one runs --algos grpo).
 #   A stopped queue continues where it was: finished runs are skipped, a stopped run resumes from its checkpoint.
-python results/smollm2_float32/run.py sweep
-python results/smollm2_float32/run.py pick
-python results/smollm2_float32/run.py seeds
+python -m results.smollm2_float32.run sweep
+python -m results.smollm2_float32.run pick
+python -m results.smollm2_float32.run seeds
 #   The gradient variance at the starting policy and at grpo seed 0's step 50 (the seed-0 run stopped at 50
 #   steps), then the paired report over the 10 seeds:
 OMP_NUM_THREADS=1 python -m results.variance.grad_variance --model smollm2 --task arith --batches 32 --G 8 \

@@ -25,7 +25,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 DATASETS = {"arith": ("arith", 64), "gsm8k": (os.path.join(ROOT, "..", "shared", "gsm8k"), 256)}  # max new tokens
 
 
-def measure(model, tokenizer, eos_ids, dataset, shots, a):
+def measure(model, tokenizer, dataset, shots, a):
     spec, max_new_tokens = DATASETS[dataset]
     train_rows, test_rows = grpo.load_data(spec, a.seed)
     prefix, _, test_rows, picked = grpo.fewshot_prefix(train_rows, test_rows, shots, a.seed)
@@ -34,10 +34,11 @@ def measure(model, tokenizer, eos_ids, dataset, shots, a):
              "--eval-samples", str(a.samples), "--temperature", "1.0", "--seed", str(a.seed)]
     args = grpo.get_args(flags)
     t0 = time.time()
-    result = grpo.evaluate(model, tokenizer, test_rows[:args.eval_n], eos_ids, max_new_tokens=args.max_new_tokens,
-                           K=args.eval_samples, temperature=args.eval_temperature, shots=prefix, dtype=args.dtype,
-                           generator=grpo.seeded_generator(torch.device("cpu"), a.seed, "eval", 0, 0),
-                           batch_size=args.batch_prompts * args.G)  # as train() evaluates at step 0
+    cpu = torch.device("cpu")
+    with grpo.autocast(cpu, args.dtype):  # as train() evaluates at step 0
+        result = grpo.evaluate(model, tokenizer, test_rows[:args.eval_n], args.max_new_tokens, K=args.eval_samples,
+                               temperature=args.temperature, shots=prefix, batch_size=args.batch_prompts * args.G,
+                               generator=grpo.seeded_generator(cpu, a.seed, "eval", 0, 0))
     return {"dataset": dataset, "shots": shots, "fewshot_rows": picked, "max_new_tokens": max_new_tokens,
             "dtype": a.dtype, "seconds": round(time.time() - t0, 1), "threads": torch.get_num_threads(), **result}
 
@@ -67,13 +68,13 @@ def main():
     done = []
     if os.path.exists(a.out):
         done = [json.loads(line) for line in open(a.out)]
-    model, tokenizer, eos_ids = grpo.load_model(a.model, torch.device("cpu"))
+    model, tokenizer = grpo.load_model(a.model, torch.device("cpu"))
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     for setting in a.settings:
         dataset, shots = setting.split(":")
         if any(r["dataset"] == dataset and r["shots"] == int(shots) and r["n"] == a.n for r in done):
             continue
-        record = measure(model, tokenizer, eos_ids, dataset, int(shots), a)
+        record = measure(model, tokenizer, dataset, int(shots), a)
         print(json.dumps({k: v for k, v in record.items() if k not in ("samples", "correct", "correct_strict")}),
               flush=True)
         with open(a.out, "a") as f:

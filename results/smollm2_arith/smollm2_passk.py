@@ -42,13 +42,14 @@ def evaluate(name, model_name, seed):
         return
     torch.set_num_threads(1)
     args = grpo.get_args(["--model", model_name, "--seed", str(seed)] + FLAGS)
-    model, tokenizer, eos_ids = grpo.load_model(model_name, torch.device("cpu"))
+    cpu = torch.device("cpu")
+    model, tokenizer = grpo.load_model(model_name, cpu)
     _, test_rows = grpo.load_data("arith", seed)
     t0 = time.time()
-    result = grpo.evaluate(model, tokenizer, test_rows[:args.eval_n], eos_ids, max_new_tokens=args.max_new_tokens,
-                           K=args.eval_samples, temperature=args.eval_temperature, dtype=args.dtype,
-                           generator=grpo.seeded_generator(torch.device("cpu"), seed, "eval", 0, 0),
-                           batch_size=args.batch_prompts * args.G)  # as train() evaluates at step 0
+    with grpo.autocast(cpu, args.dtype):  # as train() evaluates at step 0
+        result = grpo.evaluate(model, tokenizer, test_rows[:args.eval_n], args.max_new_tokens, K=args.eval_samples,
+                               temperature=args.temperature, batch_size=args.batch_prompts * args.G,
+                               generator=grpo.seeded_generator(cpu, seed, "eval", 0, 0))
     record = {"name": name, "model": model_name, "seed": seed, "flags": FLAGS, "seconds": round(time.time() - t0, 1),
               "threads": torch.get_num_threads(), **result}
     os.makedirs(FOLDER, exist_ok=True)

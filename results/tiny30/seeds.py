@@ -16,9 +16,9 @@ Algorithms (identical flags otherwise, FLAGS below):
     negative    --algo negative                    adv = r - 1: only wrong answers pushed down;
                                                    not in `pipeline`, which runs the three above
 
-pass@k spectrum: `run --eval-samples K` adds --eval-samples K --eval-temperature 1.0 --eval-every E (E = 0, eval at
-step 0 and at the end only, at 4 questions per step and 300 steps; else a quarter of the run); summarized by
-results/tiny30/passk.py and results/tiny60s/horizon.py.
+pass@k spectrum: `run --eval-samples K` adds --eval-samples K --eval-every E (E = 0, eval at step 0 and at the end
+only, at 4 questions per step and 300 steps; else a quarter of the run): K answers sampled at the training
+temperature, FLAGS's --temperature 1.0; summarized by results/tiny30/passk.py and results/tiny60s/horizon.py.
 
 Usage, from the repository root:
     python -m results.tiny30.seeds run --policy tiny30=results/tiny_policy/ckpt30 --lr 3e-5 --seeds 0-4
@@ -73,7 +73,7 @@ def setting_name(policy, lr, steps=STEPS, batch_prompts=BATCH_PROMPTS, eval_samp
 def passk_flags(k, every=0):
     """The sampled-eval flags of the pass@k spectrum runs: K answers per question at the training temperature,
     evaluated at step 0, every `every` steps and at the end."""
-    return ["--eval-samples", str(k), "--eval-temperature", "1.0", "--eval-every", str(every)] if k else []
+    return ["--eval-samples", str(k), "--eval-every", str(every)] if k else []
 
 
 def run_one(study, policy, path, algo, lr, seed, steps, eval_samples=0, batch_prompts=None):

@@ -111,15 +111,15 @@ def encode(tokenizer, rows):
 @torch.no_grad()
 def accuracy(path, rows, seed, temperature, batch=200):
     """Lenient and strict accuracy of the saved model at `path`, loaded as grpo.py loads it, sampling with
-    grpo.generate at `temperature` (None = greedy) and up to 16 new tokens; the global RNG is restored after."""
-    model, tokenizer, eos_ids = grpo.load_model(path, torch.device("cpu"))
+    grpo.generate at `temperature` (0 = greedy) and up to 16 new tokens; the global RNG is restored after."""
+    model, tokenizer = grpo.load_model(path, torch.device("cpu"))
     lenient = strict = 0
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         for start in range(0, len(rows), batch):
             chunk = rows[start:start + batch]
             out = grpo.generate(model, tokenizer, [grpo.build_prompt(tokenizer, r["question"]) for r in chunk],
-                                eos_ids, 16, temperature=temperature)
+                                16, temperature=temperature)
             for r, text in zip(chunk, grpo.decode_completions(tokenizer, out)):
                 lenient += grpo.reward(text, r["ref"])
                 strict += grpo.reward(text, r["ref"], strict=True)
@@ -169,7 +169,7 @@ def main():
         copy.deepcopy(model).half().save_pretrained(path)  # float16 on disk (1.4 MB); grpo.py loads it as float32
         tokenizer.save_pretrained(path)
         sampled = accuracy(path, evalset, seed=12345, temperature=1.0)
-        greedy = accuracy(path, evalset, seed=0, temperature=None)
+        greedy = accuracy(path, evalset, seed=0, temperature=0)
         rec = {"step": step, "sampled_lenient": sampled[0], "sampled_strict": sampled[1],
                "greedy_lenient": greedy[0], "greedy_strict": greedy[1], "n_eval": len(evalset),
                "wall_s": round(time.time() - t0, 1)}

@@ -36,7 +36,7 @@ ALGOS = ("grpo", "reinforce")
 
 
 def setup(name, task, seed, train_steps=0):
-    """(model, tokenizer, eos_ids, rows). 'tiny' is a fresh random tiny GPT-2 from testing_utils.py; any other
+    """(model, tokenizer, rows). 'tiny' is a fresh random tiny GPT-2 from testing_utils.py; any other
     name goes to grpo.load_model (smollm2, or a folder that grpo.py saved, to measure a trained policy)."""
     if name == "tiny":
         from testing_utils import make_tiny_model
@@ -116,7 +116,7 @@ def main():
     p.add_argument("--out", default=None, help="write the result as JSON here")
     a = p.parse_args()
     torch.manual_seed(a.seed)
-    model, tokenizer, eos_ids, rows = setup(a.model, a.task, a.seed, a.train_steps)
+    model, tokenizer, rows = setup(a.model, a.task, a.seed, a.train_steps)
     questions = rows[:a.batch_prompts]  # the same questions in every batch: only the sampling varies
     prompts = [grpo.build_prompt(tokenizer, q["question"]) for q in questions]
     refs = [q["ref"] for q in questions for _ in range(a.G)]
@@ -126,8 +126,7 @@ def main():
     rewards_seen = []
     t0, cpu0 = time.time(), time.process_time()
     for k in range(a.batches):
-        batch = grpo.generate(model, tokenizer, prompts, eos_ids, a.max_new_tokens, G=a.G,
-                              temperature=a.temperature)
+        batch = grpo.generate(model, tokenizer, prompts, a.max_new_tokens, temperature=a.temperature, G=a.G)
         texts = grpo.decode_completions(tokenizer, batch)
         rewards = torch.tensor([grpo.reward(t, r) for t, r in zip(texts, refs)])
         rewards_seen.append(rewards.mean().item())
@@ -138,10 +137,10 @@ def main():
         # loss (test_micro_batching_equals_full_batch), so the summed gradients are the full-batch gradient.
         for start in range(0, N, a.micro_batch):
             sl = slice(start, start + a.micro_batch)
-            logp = grpo.completion_logprobs(model, batch, sl, a.temperature)[0]
+            logp = grpo.completion_logprobs(model, batch, sl)[0]  # at the batch's temperature, a.temperature
             for i, algo in enumerate(ALGOS):
-                loss, _ = grpo.grpo_loss(logp, logp.detach(), None, advs[algo][sl], batch["completion_mask"][sl],
-                                         beta=0.0, n_seqs=N)
+                loss, _ = grpo.grpo_loss(logp, logp.detach(), None, advs[algo][sl], batch["completion_mask"][sl], N,
+                                         clip_eps=0.2, beta=0.0)  # seq: divided by the batch's N answers
                 g = torch.autograd.grad(loss, params, retain_graph=i < len(ALGOS) - 1, allow_unused=True)
                 offset = 0
                 for x, w in zip(g, params):  # add into one flat vector in place: no second copy of the gradient
