@@ -150,7 +150,7 @@ def prepare_model(model, tokenizer):
     if tokenizer.pad_token is None:  # safe: the completion mask comes from each answer's end, not `!= pad`
         tokenizer.pad_token = tokenizer.eos_token
     tokenizer.padding_side = "left"  # every prompt of a batch ends in the last column, where its answers start
-    # shipped sampling defaults (Qwen: top_k, top_p) go: `generate` samples softmax(logits / T) itself
+    # shipped sampling defaults (Qwen: top_k, top_p) go: `generate` samples itself
     model.generation_config = GenerationConfig(eos_token_id=sorted(eos_ids), pad_token_id=tokenizer.pad_token_id,
                                                bos_token_id=tokenizer.bos_token_id)
     for m in model.modules():  # with dropout two passes over the same tokens disagree (ratio != 1 at mu = 1)
@@ -180,7 +180,7 @@ def reference_model(model, dtype="float32"):
 
 
 def autocast(device, dtype):
-    """Matmuls in `dtype` ('bfloat16' or 'float32'); the weights stay fp32."""
+    """Matmuls in `dtype` ("bfloat16" or "float32"); weights stay fp32."""
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
 
@@ -266,7 +266,7 @@ def generate(model, tokenizer, prompts, max_new_tokens, *, temperature, G=1, gen
 
 
 def decode_completions(tokenizer, batch):
-    """Each answer's text up to its end (a base model's: before BASE_STOP)."""
+    """Each answer's text to its end (a base model's: before BASE_STOP)."""
     texts = [tokenizer.decode(ids[mask.bool()], skip_special_tokens=True)
              for ids, mask in zip(batch["completion_ids"], batch["completion_mask"])]
     return texts if tokenizer.chat_template else [text.split(BASE_STOP, 1)[0] for text in texts]
@@ -278,8 +278,8 @@ def token_logprobs(logits, targets, temperature):
     """(logp, entropy): log softmax(logits / temperature)[target] per position, and that softmax's entropy."""
     log_p = torch.log_softmax(logits.float() / temperature, -1)
     logp = log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    with torch.no_grad():
-        entropy = -(log_p.exp() * log_p).sum(-1)
+    with torch.no_grad():  # one product: no rows x T x vocab temporary
+        entropy = -torch.einsum("...v,...v->...", log_p.exp(), log_p)
     return logp, entropy
 
 
@@ -363,7 +363,7 @@ def grpo_loss(logp, old_logp, ref_logp, adv, mask, norm, *, clip_eps, beta, loss
 
     loss = total(penalty - surrogate)
     clipped = ((ratio > 1 + clip_eps) & (A > 0)) | ((ratio < 1 - clip_eps) & (A < 0))  # no gradient
-    # pg_loss is ~0 at mu = 1 (ratio 1, a group's advantages sum to ~0), but its gradient is not
+    # pg_loss is ~0 at mu = 1 (ratio 1, advantages summing to ~0), its gradient is not
     return loss, {"pg_loss": total(-surrogate.detach()).item(), "kl_loss": total(penalty.detach()).item(),
                   "kl": masked_mean(kl.detach(), mask).item(), "clip_frac": masked_mean(clipped.float(), mask).item()}
 
@@ -448,7 +448,7 @@ def train_step(policy, ref_model, optimizer, batch, adv, cfg):
         optimizer.step()
         torch.clear_autocast_cache()  # autocast's bf16 copies of the weights are stale after an update
     policy.eval()
-    # the sampler's log-probs against pi_old's: 0 up to kernel rounding
+    # the sampler's log-probs against pi_old's: 0 up to rounding
     gap = (batch["sampler_logp"] - torch.cat(old_logp)).abs() * mask
     gaps = gather((gap.sum().item(), mask.sum().item(), gap.max().item()))
     return {**{k: sum(h[k] for h in history) / len(history) for k in history[0]},
@@ -548,7 +548,7 @@ def step_metrics(rewards, batch, G):
 
 
 def seeded_generator(device, *keys):
-    """A generator for each (seed, step, rank, ...): a resumed run draws what it would have."""
+    """A generator for (seed, step, rank, ...): a resumed run draws what it would have."""
     return torch.Generator(device).manual_seed(random.Random("/".join(map(str, keys))).getrandbits(63))
 
 
@@ -556,12 +556,12 @@ def seeded_generator(device, *keys):
 
 def train(args):
     """GRPO as the paper's Algorithm 1 runs it; a checkpoint holds the weights, AdamW and `state`."""
-    device = init_distributed(args.device)  # under torchrun: join the other ranks, take this rank's GPU
+    device = init_distributed(args.device)  # under torchrun: join the ranks, take this rank's GPU
     rank, world = rank_and_world()
     train_rows, test_rows = load_data(args.dataset, args.seed)  # bad data stops the run before loading a model
-    model, tokenizer = load_model(args.model, device, args.grad_checkpointing)  # on --resume too: it is pi_ref
+    model, tokenizer = load_model(args.model, device, args.grad_checkpointing)  # on --resume too: pi_ref
     train_rows, test_rows, shots, sizes = fit_prompts(train_rows, test_rows, model, tokenizer, args)
-    ref_model = reference_model(model, args.dtype) if args.beta > 0 else None  # beta == 0: no KL term, no copy
+    ref_model = reference_model(model, args.dtype) if args.beta > 0 else None  # beta 0: no KL, no copy
     optimizer = make_optimizer(model, args.lr)
     state = claim_out(args, model, optimizer)  # the run's folder, locked; on --resume, its checkpoint loaded
     log = open_log(args, sizes, state)
@@ -936,6 +936,7 @@ def fit_prompts(train_rows, test_rows, model, tokenizer, args):
 # written as NAME.tmp, flushed to disk and renamed to NAME.
 
 LOCKS = {}  # folder -> the descriptor holding its lock; the system drops it when the process ends
+MADE = set()  # the folders this process made: one left empty by an error is removed
 OWN_NAMES = re.compile(r"checkpoint-[0-9]+(\.tmp)?|(model|metrics\.jsonl|rollouts\.jsonl)\.tmp")  # --resume clears
 
 
@@ -1015,6 +1016,7 @@ def new_folder(base, numbered):
         out = base if n == 1 else f"{base}-{n}"
         try:
             os.mkdir(out)  # atomic: two runs started at once get two folders
+            MADE.add(out)
             return out
         except FileExistsError:
             if not numbered:
@@ -1352,6 +1354,9 @@ def main(argv=None):
         leave_process_group()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)  # every rank: a bad file may be bad on one node only
+        for out in MADE:
+            if os.path.isdir(out) and not os.listdir(out):
+                os.rmdir(out)
         sys.exit(2)
     except Stopped as e:
         if rank_and_world()[0] == 0:  # the ranks stopped together, for the same reason
@@ -1367,6 +1372,7 @@ def main(argv=None):
     finally:
         for out in list(LOCKS):  # an in-process caller may start another run on the folder
             unlock(out)
+        MADE.clear()
 
 
 if __name__ == "__main__":

@@ -2551,7 +2551,8 @@ def test_start_wandb_offline_history_holds_every_metric(tiny_dir, data_dir, tmp_
 
 def test_start_wandb_without_an_api_key_is_one_line(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
     """--wandb online with no key anywhere (no WANDB_API_KEY, a home of its own without a netrc): one line naming
-    --wandb and the ways on, the folder left empty and free, so the same --out takes the run once the key is set."""
+    --wandb and the ways on; the folder the run made is removed again (a folder the user made empty is kept, empty),
+    so the same --out takes the run once the key is set, and a default run's name is not used up."""
     pytest.importorskip("wandb", reason=WANDB_REASON)
     for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_SILENT", "NETRC"):
         monkeypatch.delenv(name, raising=False)
@@ -2561,7 +2562,11 @@ def test_start_wandb_without_an_api_key_is_one_line(tiny_dir, data_dir, tmp_path
     flags = small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(out))
     r = main_exit(capsys, [*flags, "--wandb", "grpo-test"])
     assert_one_line_error(r, "--wandb grpo-test", "WANDB_API_KEY", "WANDB_MODE=offline")
-    assert not out.exists() or os.listdir(out) == []
+    assert not out.exists()
+    out.mkdir()
+    r = main_exit(capsys, [*flags, "--wandb", "grpo-test"])
+    assert_one_line_error(r, "--wandb grpo-test")
+    assert os.listdir(out) == []
     grpo.main(flags)  # the same --out, without --wandb
     assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
 
