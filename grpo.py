@@ -866,7 +866,7 @@ def load_data(spec, seed):
 
 
 def read_jsonl(path):
-    rows = [with_reference(row, f"{path} line {n}") for n, row in enumerate(read_records(path, whole=True), 1)]
+    rows = [with_reference(row, f"{path} line {n}") for n, row in read_records(path, whole=True, numbered=True)]
     if not rows:
         raise ConfigError(f"{path} holds no rows; it needs GSM8K-format lines")
     return rows
@@ -944,7 +944,7 @@ def check_out(out):
     """--out, normalized; one that cannot hold a new run is found before minutes of loading."""
     if out is None:
         return None
-    if not out or out != out.encode("utf-8", "replace").decode():
+    if not out or out != out.encode("utf-8", "replace").decode():  # a byte that is not UTF-8 reads as a surrogate
         raise ConfigError(f"--out {out!r}: not a usable name; pick another --out")
     out = os.path.normpath(out)
     place = os.path.abspath(out)
@@ -1092,10 +1092,13 @@ def load_checkpoint(out, model, optimizer):
         optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu"))
         with open(os.path.join(path, "state.json")) as f:
             state = json.load(f)
-        return {k: state[k] for k in ("step", "nonfinite", "wall_s")} | {k: state[k] for k in state if k == "wandb_id"}
+        missing = [key for key in ("step", "nonfinite", "wall_s") if key not in state]
+        if missing:
+            raise KeyError(f"state.json lacks {missing[0]!r}")
     except Exception as e:  # a file missing, cut or edited
         raise ConfigError(f"--resume {out}: {path} cannot be read ({str(e).strip().splitlines()[0][:120]}); restore "
                           "it as the run wrote it, or start a new run") from None
+    return state
 
 
 def finish(args, model, tokenizer, optimizer, state, log, stop):
@@ -1163,8 +1166,9 @@ def start_wandb(args, config, state):
     return run
 
 
-def read_records(path, whole=False):
-    """The JSON objects of a file, a line each; a last line cut short by a kill is dropped (unless whole)."""
+def read_records(path, whole=False, numbered=False):
+    """The JSON objects of a file, a line each (numbered: with their line numbers); a last line cut short by a kill
+    is dropped (unless whole)."""
     try:
         with open(path, "rb") as f:
             lines = f.read().split(b"\n")
@@ -1174,15 +1178,17 @@ def read_records(path, whole=False):
         raise ConfigError(f"{path}: {e.strerror}") from None
     records = []
     for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
         try:
-            record = json.loads(line.decode("utf-8")) if line.strip() else {}
+            record = json.loads(line.decode("utf-8"))
         except ValueError as e:  # UnicodeDecodeError is a ValueError too
             if n == len(lines) and not whole:
                 break
             raise ConfigError(f"{path} line {n} is not UTF-8 JSON ({str(e)[:60]}); fix or remove it") from None
         if not isinstance(record, dict):
             raise ConfigError(f"{path} line {n} is not a JSON object; fix or remove it")
-        records += [record] if record else []
+        records.append((n, record) if numbered else record)
     return records
 
 

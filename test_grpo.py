@@ -3552,6 +3552,19 @@ def test_read_jsonl_a_data_file_with_a_byte_that_is_not_utf8(tiny_dir, tmp_path,
     assert not out.exists()
 
 
+def test_read_jsonl_names_the_files_own_line_past_blank_lines_and_refuses_an_empty_object(tiny_dir, tmp_path, capsys):
+    """Line numbers count the file's lines, blank ones too; `{}` is a row without its fields, not a blank line."""
+    data = write_data(tmp_path / "data", sums(5), sums(2, offset=100))
+    path = os.path.join(data, "train.jsonl")
+    lines = open(path).read().splitlines(keepends=True)
+    for bad, words in (('{"question": "q"}\n', "line 4 needs string fields"), ("{}\n", "line 4 needs string fields"),
+                       ('{"question": "q", "answer": "a"}\n', "line 4: the answer has no '#### N' line")):
+        open(path, "w").write("".join(lines[:1] + ["\n", "\n", bad] + lines[1:]))
+        r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data, "--steps", "1", "--out", str(tmp_path / "out")])
+        assert_one_line_error(r, f"{path} {words}")
+    assert not (tmp_path / "out").exists()
+
+
 MIN_TEMPERATURE = 1e-3  # the README's lowest temperature: below it logits / T overflow float32
 
 
