@@ -496,8 +496,8 @@ def evaluate(model, tokenizer, rows, max_new_tokens, *, batch_size=64, shots="",
 
 def greedy_scores(texts, refs):
     """Accuracy of an answer a question, strict and lenient, and who was right (for paired tests)."""
-    right = [int(reward(text, ref)) for text, ref in zip(texts, refs)]
-    right_strict = [int(reward(text, ref, strict=True)) for text, ref in zip(texts, refs)]
+    right = [reward(text, ref) for text, ref in zip(texts, refs)]
+    right_strict = [reward(text, ref, strict=True) for text, ref in zip(texts, refs)]
     return {"acc_strict": sum(right_strict) / len(refs), "acc_lenient": sum(right) / len(refs), "n": len(refs),
             "right": right, "right_strict": right_strict}
 

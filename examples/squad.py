@@ -17,6 +17,7 @@ number here (the task has one format); pass@k counts exact matches, but maj@K vo
 nothing for SQuAD. A stopped run prints the command that resumes it: python -m examples.squad --resume OUT.
 """
 
+import collections
 import json
 import os
 import random
@@ -99,6 +100,23 @@ def exact_match(completion, ref, strict=False):
     return 1.0 if any(normalize(first_line) == normalize(gold) for gold in ref) else 0.0
 
 
+def f1(completion, ref):
+    """SQuAD's F1 of the completion's first non-empty line: the harmonic mean of the precision and recall of its
+    normalized words against a gold answer's (a multiset overlap), the best over the gold answers."""
+    words = normalize(next((line for line in completion.splitlines() if line.strip()), "")).split()
+
+    def one(gold):
+        gold = normalize(gold).split()
+        same = sum((collections.Counter(words) & collections.Counter(gold)).values())
+        return 0.0 if not same else 2 * same / (len(words) + len(gold))
+    return max(one(gold) for gold in ref)
+
+
+def squad_reward(completion, ref, strict=False):
+    """strict: exact match; lenient: F1, partial credit for a sentence that holds the span."""
+    return exact_match(completion, ref) if strict else f1(completion, ref)
+
+
 if __name__ == "__main__":
-    grpo.load_data, grpo.reward, grpo.INSTRUCTION = load_squad, exact_match, INSTRUCTION
+    grpo.load_data, grpo.reward, grpo.INSTRUCTION = load_squad, squad_reward, INSTRUCTION
     grpo.main()
