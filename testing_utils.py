@@ -73,7 +73,7 @@ def plain_logprobs(model, batch, temperature):
     cache. Positions after an answer's end hold the log-probs of the pad tokens there."""
     rows = []
     for i, ids in enumerate(batch["completion_ids"]):
-        p = batch["group"][i]
+        p = batch["prompt_index"][i]
         prompt = batch["prompt_ids"][p][batch["prompt_mask"][p].bool()]
         logits = model(input_ids=torch.cat([prompt, ids])[None]).logits[0, len(prompt) - 1:-1].float()
         rows.append(torch.log_softmax(logits / temperature, -1).gather(-1, ids[:, None]).squeeze(-1))
@@ -88,6 +88,6 @@ def make_batch(tokenizer, prompts, completions, G=1, temperature=1.0):
     ids = [tokenizer(text, add_special_tokens=False).input_ids for text in completions]
     width = max(map(len, ids))
     return {"prompt_ids": enc.input_ids, "prompt_mask": enc.attention_mask,
-            "group": torch.arange(len(prompts)).repeat_interleave(G), "temperature": temperature,
+            "prompt_index": torch.arange(len(prompts)).repeat_interleave(G), "temperature": temperature,
             "completion_ids": torch.tensor([x + [tokenizer.pad_token_id] * (width - len(x)) for x in ids]),
             "completion_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])}

@@ -86,7 +86,7 @@ def prepare_prompts(model_dir, n_steps, B, seed):
     train, test = grpo.load_data("arith", seed)
     train = train[:max(64, n_steps * B)]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return train, test, [grpo.build_prompt(tokenizer, r["question"]) for r in train[:n_steps * B]]
+    return train, test, [grpo.build_prompt(tokenizer, grpo.GSM8K, r["question"]) for r in train[:n_steps * B]]
 
 
 def draw_order(grpo_dir, n, n_steps, B, seed):

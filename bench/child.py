@@ -144,7 +144,7 @@ def child_grpo(s):
         "--temperature", "1.0", "--beta", "0.04", "--clip-eps", "0.2", "--mu", "1", "--loss-agg", "seq",
         "--lr", "1e-6", "--steps", str(s["warmup"] + s["steps"]), "--eval-every", "0", "--seed", str(s["seed"]),
         "--device", "cpu", "--out", out_dir, *dtype_flag])
-    grpo.train(args)
+    grpo.train(args, *[grpo.GSM8K] * hasattr(grpo, "GSM8K"))  # older grpo.py: no task argument
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         records = [json.loads(line) for line in f]
     shutil.rmtree(os.path.dirname(out_dir))

@@ -34,8 +34,10 @@ def timed_eval(grpo, model, tokenizer, rows, eos_ids, flags):
                                generator=grpo.seeded_generator(cpu, args.seed, "eval", 0, 0),
                                batch_size=args.batch_prompts * args.G)
     else:  # the values train() passes it, in its autocast region, and the generator of its step-0 evaluation
+        task = [grpo.GSM8K] if "task" in params else []  # the task is an argument from this version on
         with grpo.autocast(cpu, args.dtype):
-            result = grpo.evaluate(model, tokenizer, rows[:args.eval_n], args.max_new_tokens, K=args.eval_samples,
+            result = grpo.evaluate(model, tokenizer, *task, rows[:args.eval_n], args.max_new_tokens,
+                                   K=args.eval_samples,
                                    temperature=args.temperature, batch_size=args.batch_prompts * args.G,
                                    generator=grpo.seeded_generator(cpu, args.seed, "eval", 0, 0))
     return time.perf_counter() - t0, {k: v for k, v in result.items() if isinstance(v, float)}

@@ -106,7 +106,7 @@ def main():
     model_dir = prepare_model(a.model, os.path.join(tempfile.gettempdir(), "grpo-bench"))
     tokenizer = grpo.load_model(model_dir, torch.device("cpu"))[1]
     train, _ = grpo.load_data("arith", 0)
-    prompts = [grpo.build_prompt(tokenizer, r["question"]) for r in train[:preset["batch_prompts"]]]
+    prompts = [grpo.build_prompt(tokenizer, grpo.GSM8K, r["question"]) for r in train[:preset["batch_prompts"]]]
     result = measure({"model_dir": model_dir, "grpo_dir": ROOT, "prompts": prompts, "G": preset["G"],
                       "new_tokens": preset["new_tokens"], "reps": a.reps})
     print(json.dumps(result))

@@ -154,7 +154,7 @@ def main():
             torch.cuda.reset_peak_memory_stats(a.device)
         t0 = time.time()
         try:
-            grpo.train(grpo.get_args(flags))
+            grpo.train(grpo.get_args(flags), grpo.GSM8K)
         except grpo.ConfigError as e:
             raise SystemExit(f"error: {e}") from None
         except grpo.Stopped as e:  # e.g. too many non-finite updates in a row: report what metrics.jsonl holds

@@ -102,7 +102,7 @@ def main():
     model, tokenizer = grpo.load_model("smollm2", torch.device("cpu"))[:2]  # [:2]: older ones also return eos_ids
     model.eval()
     train, _ = grpo.load_data("arith", 0)
-    prompts = [grpo.build_prompt(tokenizer, r["question"]) for r in train[:B]]
+    prompts = [grpo.build_prompt(tokenizer, grpo.GSM8K, r["question"]) for r in train[:B]]
     torch.manual_seed(0)
     text = [f"# python bench/profile_decode.py {' '.join(sys.argv[1:])}",
             f"# grpo.py: {os.path.abspath(a.grpo)}; SmolLM2-135M-Instruct, {B} prompts x G={G} = {B * G} rows, "

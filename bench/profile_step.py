@@ -64,7 +64,7 @@ def main():
     ref = grpo.reference_model(model, a.dtype)  # as train() makes it
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-9, weight_decay=0.0, fused=True)
     train, _ = grpo.load_data("arith", 0)
-    prompts = [grpo.build_prompt(tok, r["question"]) for r in train[:B]]
+    prompts = [grpo.build_prompt(tok, grpo.GSM8K, r["question"]) for r in train[:B]]
     adv = torch.randn(B * G)
     torch.manual_seed(0)
     for profiled in (False, True):  # a warm-up step, then the profiled one

@@ -37,7 +37,7 @@ def main():
                                  torch.device("cpu"))
     cpu = torch.device("cpu")
     train, _ = grpo.load_data("arith", 0)
-    prompts = [grpo.build_prompt(tok, r["question"]) for r in train[:B]]
+    prompts = [grpo.build_prompt(tok, grpo.GSM8K, r["question"]) for r in train[:B]]
     torch.manual_seed(0)
     batch = generate_fixed_length(grpo, model, tok, prompts, N, G, 1.0, a.dtype)
     x, m = batch["completion_ids"], batch["completion_mask"]

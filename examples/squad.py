@@ -1,9 +1,12 @@
-"""SQuAD v1.1 (Rajpurkar et al. 2016) trained with grpo.py, through its "task of one's own" path: the rows come
-from SQuAD, the reward is SQuAD's exact match, and everything else (flags, evaluation, checkpoints) is grpo.py's.
+"""SQuAD v1.1 (Rajpurkar et al. 2016) trained with grpo.py as a task of one's own, `SQUAD`, passed to grpo.main:
+the rows come from SQuAD, the reward is SQuAD's, and everything else (flags, evaluation, checkpoints) is grpo.py's.
 
-Each row asks for a span of a Wikipedia paragraph: the question holds "Context: ...\\n\\nQuestion: ..." and the
-reward pays 1.0 if the completion's first non-empty line equals one of the gold answers after SQuAD's official
-normalization, else 0.0. Training draws from the train split; evaluation is held out on the validation split.
+Each row asks for a span of a Wikipedia paragraph: the question holds "Context: ...\\n\\nQuestion: ...", and the
+completion's first non-empty line is the answer, scored as SQuAD's official v1.1 script scores it against the gold
+answers (the best over them): --reward strict pays its exact match (1.0 or 0.0), --reward lenient its F1 (the
+overlap of the normalized words, partial credit for an answer that holds the span in a sentence). Greedy accuracy
+"strict" is then SQuAD's EM and "lenient" its F1; maj@K votes over the normalized answers. Training draws from the
+train split; evaluation is held out on the validation split.
 
 Run it from the repository root, with any flag of grpo.py. Naming --dataset picks grpo.py's full setting (200
 steps, 256 tokens), so the CPU command gives its small values itself:
@@ -12,9 +15,8 @@ steps, 256 tokens), so the CPU command gives its small values itself:
     python -m examples.squad --model smollm2 --dataset DIR --steps 12 --batch-prompts 2 --max-new-tokens 32 \\
         --temperature 0.7 --lr 2e-5 --eval-every 0 --eval-n 48          # a CPU, offline
 
-DIR holds SQuAD's own files, train-v1.1.json and dev-v1.1.json. "strict" and "lenient" accuracy are the same
-number here (the task has one format); pass@k counts exact matches, but maj@K votes over final numbers and means
-nothing for SQuAD. A stopped run prints the command that resumes it: python -m examples.squad --resume OUT.
+DIR holds SQuAD's own files, train-v1.1.json and dev-v1.1.json; pass@k counts the answers a reward pays 1.0. A
+stopped run prints the command that resumes it: python -m examples.squad --resume OUT.
 """
 
 import collections
@@ -72,16 +74,16 @@ def from_file(folder, name):
                      for article in json.load(f)["data"] for p in article["paragraphs"] for qa in p["qas"]]
         if not found or not all(isinstance(x, str) for c, q, golds in found for x in (c, q, *golds)):
             raise ValueError("no questions" if not found else "a context, question or answer is not a string")
-    except (ValueError, KeyError, TypeError) as e:  # not JSON, not UTF-8, or not SQuAD's layout
+    except (ValueError, KeyError, TypeError, RecursionError) as e:  # not JSON, not UTF-8, or not SQuAD's layout
         raise grpo.ConfigError(f"{path} is not a SQuAD v1.1 file ({type(e).__name__}: {str(e)[:60]}); download "
                                "it again or pass another --dataset") from None
-    if any(not golds for c, q, golds in found):
-        raise grpo.ConfigError(f"{path} has a question without a gold answer (SQuAD 2.0's unanswerable ones); "
-                               "pass SQuAD v1.1's files")
+    if any(not golds or not all(gold.strip() for gold in golds) for c, q, golds in found):
+        raise grpo.ConfigError(f"{path} has a question without a gold answer, or an empty one (SQuAD 2.0's "
+                               "unanswerable ones); pass SQuAD v1.1's files")
     return found
 
 
-# Reward: SQuAD's exact match. ------------------------------------------------------------------------------------
+# Reward: SQuAD's exact match and F1. ----------------------------------------------------------------------------------
 
 NO_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
@@ -93,17 +95,20 @@ def normalize(text):
     return " ".join(text.split())
 
 
-def exact_match(completion, ref, strict=False):
-    """1.0 if the completion's first non-empty line is one of the gold answers `ref` once both are normalized (the
-    best over the gold answers), else 0.0. strict changes nothing: the task has one format."""
-    first_line = next((line for line in completion.splitlines() if line.strip()), "")
-    return 1.0 if any(normalize(first_line) == normalize(gold) for gold in ref) else 0.0
+def first_line(completion):
+    return next((line for line in completion.splitlines() if line.strip()), "")
+
+
+def exact_match(completion, ref):
+    """1.0 if the completion's first non-empty line is one of the gold answers `ref` once both are normalized, else
+    0.0."""
+    return 1.0 if any(normalize(first_line(completion)) == normalize(gold) for gold in ref) else 0.0
 
 
 def f1(completion, ref):
     """SQuAD's F1 of the completion's first non-empty line: the harmonic mean of the precision and recall of its
     normalized words against a gold answer's (a multiset overlap), the best over the gold answers."""
-    words = normalize(next((line for line in completion.splitlines() if line.strip()), "")).split()
+    words = normalize(first_line(completion)).split()
 
     def one(gold):
         gold = normalize(gold).split()
@@ -117,6 +122,13 @@ def squad_reward(completion, ref, strict=False):
     return exact_match(completion, ref) if strict else f1(completion, ref)
 
 
+def vote(completion, strict=False):
+    """What maj@K votes on: the normalized answer (None if empty)."""
+    return normalize(first_line(completion)) or None
+
+
+SQUAD = grpo.Task(INSTRUCTION, squad_reward, vote, load_squad)
+
+
 if __name__ == "__main__":
-    grpo.load_data, grpo.reward, grpo.INSTRUCTION = load_squad, squad_reward, INSTRUCTION
-    grpo.main()
+    grpo.main(task=SQUAD)
