@@ -14,18 +14,13 @@ pi_theta is trained on PPO's clipped surrogate plus a KL penalty to a frozen ref
     loss     = -1/G sum_i 1/|o_i| sum_t [ min(ratio_it * adv_i, clip(ratio_it, 1-clip_eps, 1+clip_eps) * adv_i)
                                          - beta * kl_it ]
 
-averaged over the B questions of a step; `k3_kl` says which KL that penalizes. `--algo reinforce` uses adv_i = r_i
-(no baseline); `--algo drgrpo` (Liu et al. 2025) drops the std and 1/|o_i|.
-
-The task is a value (`Task`): its rows, its reward r_i and its instruction. The default, `GSM8K`: 1.0 if the answer's
-final number equals the reference, else 0.0: the number after the last `####` (--reward strict), or else the last
-number in the text (lenient).
+averaged over the B questions of a step. `--algo reinforce` uses adv_i = r_i (no baseline); `--algo drgrpo` (Liu et
+al. 2025) drops the std and 1/|o_i|. The task, passed as a `Task`, gives r_i; GSM8K's pays 1.0 if the answer's final
+number equals the reference: the number after the last `####` (--reward strict), or else the last number (lenient).
 
 Run it: `python grpo.py --G 8 --algo grpo` (README.md: the two settings it picks from, torchrun and every flag).
-
 The file reads in the order a step runs; everything above the banner but `train` uses only names defined above it,
-so it copies out alone. Below it: flags, loading, the run's folder, checkpoints, torchrun. Left out: a value model
-(the point of GRPO), inference engines, LoRA, learning-rate schedules, sharding, reward models.
+so it copies out alone. Below it: flags, loading, the run's folder, checkpoints, torchrun.
 """
 
 import argparse
@@ -47,7 +42,7 @@ import statistics
 import sys
 import threading
 import time
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from decimal import Decimal, InvalidOperation
 
 import torch
@@ -58,7 +53,7 @@ class ConfigError(ValueError):
     """Bad input from the user: printed as one line, exit status 2."""
 
 
-# Data: rows {"question", "answer", "ref"}; for GSM8K the reference is the number after the answer's "####".
+# Data: the questions of each step.
 
 def step_questions(rows, step, B, seed):
     """The B questions of step `step` (1, 2, ...): epochs over the rows, each in an order drawn from (seed, epoch).
@@ -72,18 +67,17 @@ def step_questions(rows, step, B, seed):
     return picked
 
 
-# The task is passed, not global: `build_prompt`, `evaluate` and `train` take it (GSM8K's is below the banner).
+# The task: passed to `build_prompt`, `evaluate` and `train`, never read from a global (GSM8K's is below the banner).
 
 @dataclasses.dataclass(frozen=True)
 class Task:
     """instruction: asked of a chat model after each question. reward(completion, ref, strict) -> r_i in [0, 1].
-    vote(completion, strict): the answer maj@K votes on, hashable (None: no vote). load(spec, seed) -> (train rows,
-    test rows), rows {"question", "answer" (--fewshot shows it), "ref" (what reward compares with)}: `train` reads
-    --dataset with it."""
+    vote(completion, strict): the answer maj@K votes on (None: no vote). load(spec, seed) -> (train rows, test rows),
+    rows {"question", "answer" (--fewshot shows it), "ref"}: how `train` reads --dataset."""
     instruction: str
-    reward: Callable[[str, object, bool], float]
-    vote: Callable[[str, bool], Hashable]
-    load: Callable[[str, int], tuple] = None
+    reward: Callable
+    vote: Callable
+    load: Callable = None
 
 
 # GSM8K's instruction. A base model writes the next "Question:" itself: its answer ends there, as in lm-eval-harness.
@@ -138,11 +132,11 @@ def final_number(completion, strict=False):
     return None if found is None else Decimal(found)
 
 
-# A model ready for GRPO: what turns a loaded causal LM, its tokenizer and an optimizer into GRPO's.
+# A model ready for GRPO: a loaded causal LM and its tokenizer prepared, its optimizer, pi_ref.
 
 def prepare_model(model, tokenizer):
-    """In place: fp32 weights, EOS ids in model.generation_config, a pad token, left padding, no dropout. Any model
-from_pretrained loads: a Hub id, a folder, a GGUF file."""
+    """In place, any model from_pretrained loads (a GGUF file's too): fp32 weights, EOS ids in
+    model.generation_config, a pad token, left padding, no dropout."""
     from transformers import GenerationConfig
     if getattr(model, "hf_quantizer", None):  # a GGUF file's weights come dequantized; its quantizer refuses .float()
         model.hf_quantizer.remove_quantization_config(model)
@@ -197,7 +191,7 @@ def positions(attention_mask):
 
 def prompt_pass(model, prompt_ids, prompt_mask, prompt_index):
     """Each prompt through the model once: each row's first-token logits, and a KV cache where row i continues
-    prompt prompt_index[i]. Training reuses it too: a prompt's G answers share one forward pass and its gradient."""
+    prompt prompt_index[i]. Training too: a prompt's G answers share one pass, and its gradient."""
     from transformers import DynamicCache
     cache = DynamicCache()
     logits = model(input_ids=prompt_ids, attention_mask=prompt_mask, position_ids=positions(prompt_mask),
@@ -207,9 +201,8 @@ def prompt_pass(model, prompt_ids, prompt_mask, prompt_index):
 
 
 def sample(logits, temperature, generator=None):
-    """One token per row from softmax(logits / temperature) (0: the likeliest) and its log-prob. Not torch.multinomial:
-    one uniform number per row against the float64 cumulative probabilities takes 0.18-0.43 of its time on the CPUs
-    measured, and gives the log-prob too."""
+    """One token per row from softmax(logits / temperature) (0: the likeliest) and its log-prob. One uniform number a
+    row against the float64 cumulative probabilities: 0.18-0.43 of torch.multinomial's time on the CPUs measured."""
     scaled = logits.float() / (temperature or 1.0)
     lse = scaled.logsumexp(-1, keepdim=True)
     if not temperature:
@@ -223,11 +216,10 @@ def sample(logits, temperature, generator=None):
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts, max_new_tokens, *, temperature, G=1, generator=None, progress=None):
-    """G answers per prompt from softmax(logits / temperature) (0: greedy), sharing the prompt's KV cache; the batch
-    carries the temperature to the loss. An answer ends at its first EOS or, for a base model, at BASE_STOP. Returns
-    the prompts (prompt_ids, prompt_mask: [B, P]) and per answer (N = B*G rows): prompt_index (its prompt's row),
-    completion_ids, completion_mask ([N, T]: 1 up to and including the end, else the model never learns to stop),
-    truncated, sampler_logp. progress(t): after token t."""
+    """G answers per prompt from softmax(logits / temperature) (0: greedy), sharing the prompt's KV cache. An answer
+    ends at its first EOS or, for a base model, at BASE_STOP. Returns prompt_ids, prompt_mask [B, P], the temperature
+    (for the loss), and per answer (N = B*G rows): prompt_index, completion_ids, completion_mask ([N, T]: 1 up to and
+    including the end, else the model never learns to stop), truncated, sampler_logp. progress(t): after token t."""
     enc = tokenizer(prompts, return_tensors="pt", padding=True,
                     add_special_tokens=not tokenizer.chat_template)  # the template already holds any BOS
     device = next(model.parameters()).device
@@ -265,10 +257,9 @@ def generate(model, tokenizer, prompts, max_new_tokens, *, temperature, G=1, gen
         logits = model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=position,
                        use_cache=True, cache=cache).logits[:, -1]
     completion_mask = (torch.arange(t + 1, device=device) < lengths[:, None]).long()
-    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "prompt_index": prompt_index,
-            "temperature": temperature,
-            "completion_ids": completion_ids[:, :t + 1], "completion_mask": completion_mask,
-            "truncated": truncated, "sampler_logp": sampler_logp[:, :t + 1] * completion_mask}
+    return {"prompt_ids": prompt_ids, "prompt_mask": prompt_mask, "prompt_index": prompt_index, "truncated": truncated,
+            "temperature": temperature, "completion_ids": completion_ids[:, :t + 1], "completion_mask": completion_mask,
+            "sampler_logp": sampler_logp[:, :t + 1] * completion_mask}
 
 
 def decode_completions(tokenizer, batch):
@@ -347,17 +338,11 @@ def k3_kl(logp, ref_logp):
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def loss_aggregation(algo):
-    """The aggregation an algorithm is defined with: const for Dr. GRPO, the paper's seq for the others."""
-    return "const" if algo == "drgrpo" else "seq"
-
-
 def grpo_loss(logp, old_logp, ref_logp, adv, mask, norm, *, clip_eps, beta, loss_agg="seq",
               kl_ratio_correction=False):
     """The module docstring's loss of a (micro-)batch, and its diagnostics. logp, old_logp, ref_logp (None: no KL)
-    and mask are [N, T], adv [N]. Each micro-batch divides by the whole batch's `norm`, so their losses add up to
-    the batch's: seq divides each answer by |o_i| and the sum by the batch's answers, token by its tokens, const by
-    answers x max_new_tokens."""
+    and mask are [N, T], adv [N]. `norm` is the whole batch's divisor, so micro-batches add up: seq divides each
+    answer by |o_i| and the sum by the answers, token by the tokens, const by answers x max_new_tokens."""
     mask = mask.to(logp.dtype)
     ratio = torch.exp(logp - old_logp)  # pi_theta / pi_old
     A = adv.unsqueeze(1)  # every token of o_i has answer i's advantage
@@ -420,8 +405,8 @@ class StepConfig:
 
 def train_step(policy, ref_model, optimizer, batch, adv, cfg):
     """PPO's cfg.mu epochs on a batch of rollouts, each one AdamW update on the whole batch's gradient (no
-    minibatches), summed over micro-batches. pi_old is the weights that sampled the batch: the first epoch's log-probs
-    are pi_old's. A NaN or inf loss or gradient norm skips the rest of the step."""
+    minibatches), summed over micro-batches. The first epoch's log-probs are pi_old's, the weights that sampled the
+    batch. A NaN or inf loss or gradient norm skips the rest of the step."""
     mask = batch["completion_mask"]  # [N, T]
     parts = [slice(s, s + cfg.micro_batch) for s in range(0, len(adv), cfg.micro_batch)]
     # DDP averages the ranks' gradients, so each divides by the mean token count: the sum over ranks / all tokens
@@ -478,8 +463,8 @@ def combine(stats):
 
 def evaluate(model, tokenizer, task, rows, max_new_tokens, *, batch_size=64, shots="", K=0, temperature=1.0,
              generator=None, progress=None):
-    """Greedy accuracy (the mean reward) on `rows`, strict and lenient; with K > 0 also pass@k and maj@K of K sampled
-    answers. Each rank answers its share, batch_size answers a batch (greedy: 64 or more); progress(text) hears it."""
+    """Greedy accuracy (the mean reward) on `rows`, strict and lenient; with K > 0 pass@k and maj@K of K sampled
+    answers. Each rank answers its share, batch_size answers a batch (greedy: 64 at least)."""
     model.eval()
     questions = rank_share(rows)
 
@@ -544,21 +529,6 @@ def majority_vote(task, texts, ref, strict):
     return sum(task.reward(text, ref, strict) for text in tied) / max(1, len(tied))
 
 
-def step_metrics(rewards, batch, G):
-    """What a practitioner reads every step, over all ranks."""
-    rows = gather(torch.stack([rewards.float(), batch["completion_mask"].sum(1).float(),
-                               batch["truncated"].float()], 1).cpu())
-    rewards, lengths, truncated = torch.cat(rows).unbind(1)
-    groups, right = rewards.view(-1, G), rewards > 0
-    return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
-            "frac_zero_std": (groups.max(1).values == groups.min(1).values).float().mean().item(),
-            "frac_all_correct": (groups.min(1).values == 1).float().mean().item(),
-            "frac_all_wrong": (groups.max(1).values == 0).float().mean().item(),
-            "completion_len": lengths.mean().item(), "trunc_rate": truncated.mean().item(),
-            "len_correct": lengths[right].mean().item() if right.any() else None,
-            "len_wrong": lengths[~right].mean().item() if not right.all() else None}
-
-
 def seeded_generator(device, *keys):
     """A generator for (seed, step, rank, ...): a resumed run draws what it would have."""
     return torch.Generator(device).manual_seed(random.Random("/".join(map(str, keys))).getrandbits(63))
@@ -568,20 +538,18 @@ def seeded_generator(device, *keys):
 
 def train(args, task):
     """GRPO as the paper's Algorithm 1 runs it on `task`; a checkpoint holds the weights, AdamW and `state`."""
-    device = init_distributed(args.device)  # under torchrun: join the ranks, take this rank's GPU
+    device = init_distributed(args.device)  # under torchrun: this rank's GPU
     rank, world = rank_and_world()
     train_rows, test_rows = load_rows(task, args.dataset, args.seed)  # bad data stops the run before the model loads
-    model, tokenizer = load_model(args.model, device, args.grad_checkpointing)  # on --resume too: pi_ref
+    model, tokenizer = load_model(args.model, device, args.grad_checkpointing)  # pi_ref, on --resume too
     train_rows, test_rows, shots, sizes = fit_prompts(task, train_rows, test_rows, model, tokenizer, args)
     ref_model = reference_model(model, args.dtype) if args.beta > 0 else None  # beta 0: no KL, no copy
     optimizer = make_optimizer(model, args.lr)
     state = claim_out(args, model, optimizer)  # the run's folder, locked; on --resume, its checkpoint loaded
     log = open_log(args, sizes, state)
-    policy = wrap_ddp(model, device)  # DDP(model) under torchrun: it all-reduces the gradients
+    policy = wrap_ddp(model, device)  # under torchrun: DDP, which all-reduces the gradients
     stop = catch_stop_signals()  # from here a Ctrl-C or SIGTERM ends the loop after a step
-    cfg = StepConfig(mu=args.mu, clip_eps=args.clip_eps, beta=args.beta, loss_agg=args.loss_agg,
-                     kl_ratio_correction=args.kl_ratio_correction, max_new_tokens=args.max_new_tokens,
-                     micro_batch=args.micro_batch, grad_checkpointing=args.grad_checkpointing)
+    cfg = StepConfig(**{k: v for k, v in vars(args).items() if k in StepConfig.__dataclass_fields__})
 
     def run_eval(step):
         with autocast(device, args.dtype):
@@ -631,8 +599,7 @@ def due(step, every, last):
 # Infrastructure, not the algorithm: flags, loading, the run's folder and checkpoints, several processes.
 # ==================================================================================================================
 
-# Flags and settings. SETTINGS fill the flags a command leaves out: full, the paper's task (a GPU and the Hub);
-# small, minutes on any CPU, offline. A flag given on the command line always wins.
+# Flags. SETTINGS fill the flags a command leaves out: full, the paper's task (a GPU, the Hub); small, minutes on a CPU.
 SETTINGS = {
     "full": {"model": "Qwen/Qwen2.5-0.5B-Instruct", "dataset": "gsm8k", "batch_prompts": 4, "steps": 200,
              "max_new_tokens": 256, "temperature": 1.0, "lr": 1e-6, "eval_every": 10, "eval_n": 200,
@@ -666,21 +633,21 @@ def build_parser():
     add("--kl-ratio-correction", action="store_true", help="k3 term times the ratio, as TRL")
     add("--clip-eps", type=nonnegative, default=step.clip_eps, help="PPO clip range")
     add("--mu", type=count, default=step.mu, help="policy updates per batch of rollouts")
-    add("--loss-agg", choices=["seq", "token", "const"], help="seq (paper), token (DAPO), const (Dr. GRPO); "
-        "unset: const for drgrpo, else seq")
+    add("--loss-agg", choices=["seq", "token", "const"], help="seq (paper), token (DAPO), const (Dr. GRPO, --algo "
+        "drgrpo's)")
     add("--reward", choices=["strict", "lenient"], help="strict: only '#### N' counts; lenient: also the last number")
     add("--lr", type=nonnegative, help="AdamW learning rate, constant")
     add("--micro-batch", type=count, default=step.micro_batch, help="sequences per forward and backward pass")
     add("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
         help="autocast dtype; auto: bfloat16 where the chip has it natively")
     add("--grad-checkpointing", action="store_true", help="recompute activations in backward to save memory")
-    add("--max-nonfinite", type=count, default=3, help="stop after this many skipped (NaN or inf) updates in a row")
+    add("--max-nonfinite", type=count, default=3, help="stop after this many NaN or inf updates in a row")
     add("--eval-every", type=whole, help="evaluate every N steps, and at step 0 and the end")
     add("--eval-n", type=count, help="held-out test questions per evaluation")
     add("--eval-samples", type=whole, default=0, metavar="K", help="also K sampled answers a question: pass@k, maj@K")
     add("--log-rollouts", type=whole, default=0, metavar="N", help="write step 1's and every Nth step's answers")
-    add("--save-every", type=whole, help="checkpoint every N steps (0: only at the end or a stop)")
-    add("--out", help="a new or empty folder; unset: runs/ALGO, or runs/ALGO-2, ... if taken")
+    add("--save-every", type=whole, help="checkpoint every N steps, and at the end or a stop")
+    add("--out", help="a new or empty folder; unset: runs/ALGO or the first free runs/ALGO-2, ...")
     add("--resume", metavar="OUT", help="continue the run in OUT to its end (only --device may be given)")
     add("--wandb", metavar="PROJECT", help="also log to this Weights & Biases project")
     add("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seeds data order, sampling and arith")
@@ -749,6 +716,11 @@ def get_args(argv=None):
     return check_args(args)
 
 
+def loss_aggregation(algo):
+    """The aggregation an algorithm is defined with: const for Dr. GRPO, the paper's seq for the others."""
+    return "const" if algo == "drgrpo" else "seq"
+
+
 def resolve_dtype(dtype, device):
     """auto: bfloat16 where the chip multiplies in it natively (emulated bf16 is slow), else float32."""
     if dtype != "auto":
@@ -761,7 +733,7 @@ def resolve_dtype(dtype, device):
 
 def resumed_args(out, given):
     """The flags of the run in OUT: its config line, read back through a new run's parser and checks, must give
-    itself again. Only --device may be given anew. OUT stays locked to the run's end."""
+    itself again (only --device may be given anew). OUT stays locked to the run's end."""
     if set(given) - {"resume", "device"}:
         raise ConfigError(f"--resume takes the flags of the run in {out}; only --device may be given with it, not "
                           f"--{min(set(given) - {'resume', 'device'}).replace('_', '-')}")
@@ -791,7 +763,7 @@ def resumed_args(out, given):
 
 
 def check_args(args):
-    """What no single flag's type can check: combinations, missing packages."""
+    """What no flag's type can check: combinations, missing packages."""
     world = env_rank_and_world()[1]
     tokens = args.batch_prompts * max(args.G, args.eval_samples) * args.max_new_tokens
     if tokens >= 2**31:  # beyond what torch indexes in one tensor, and any machine's memory
@@ -808,7 +780,6 @@ def check_args(args):
 
 
 def check_device(name):
-    """--device must name a device here; under torchrun each process takes its LOCAL_RANK's GPU."""
     n = torch.cuda.device_count()
     if not re.fullmatch(r"cpu|cuda(:[0-9]+)?", name) or (name != "cpu" and int(name[5:] or 0) >= n):
         raise ConfigError(f"--device {name!r}: not a device here; use auto, cpu" + ", cuda or cuda:N" * bool(n))
@@ -817,15 +788,13 @@ def check_device(name):
 
 
 def env_rank_and_world():
-    """(RANK, WORLD_SIZE) as torchrun sets them, before the process group is joined; outside torchrun (0, 1),
-    whatever RANK says."""
+    """(RANK, WORLD_SIZE) as torchrun sets them, known before the process group is joined; else (0, 1)."""
     world = os.environ.get("WORLD_SIZE", "1")
     if not world.isdigit() or int(world) < 1:
         raise ConfigError(f"WORLD_SIZE={world!r} is not a number of processes; unset it or start with torchrun")
     missing = [v for v in ("RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT") if v not in os.environ]
     if int(world) > 1 and missing:
-        raise ConfigError(f"WORLD_SIZE={world} without {missing[0]}: torchrun sets them; unset WORLD_SIZE or start "
-                          "with torchrun")
+        raise ConfigError(f"WORLD_SIZE={world} without {missing[0]}; unset WORLD_SIZE or start with torchrun")
     return (int(os.environ["RANK"]), int(world)) if int(world) > 1 else (0, 1)
 
 
@@ -899,14 +868,17 @@ def load_rows(task, spec, seed):
     splits = task.load(spec, seed)
     for split, rows in zip(("train", "test"), splits):
         if not rows:
-            raise ConfigError(f"--dataset {spec}: no {split} rows; pass data with both splits")
+            raise ConfigError(f"--dataset {spec}: no {split} rows; fix the data")
         for i, row in enumerate(rows, 1):
-            for key in ("question", "answer"):
-                text = row.get(key) if isinstance(row, dict) else None
-                if not isinstance(text, str) or text != text.encode("utf-8", "replace").decode():
-                    raise ConfigError(f"--dataset {spec}: {split} row {i}'s {key!r} is not text (a string, no lone "
-                                      "surrogate); fix the data")
+            bad = [k for k in ("question", "answer") if not is_text(row.get(k) if isinstance(row, dict) else None)]
+            if bad:
+                raise ConfigError(f"--dataset {spec}: {split} row {i}'s {bad[0]!r} is not text; fix the data")
     return splits
+
+
+def is_text(text):
+    """A str that UTF-8 can write: a lone surrogate (an undecodable byte, an edited escape) is not."""
+    return isinstance(text, str) and text == text.encode("utf-8", "replace").decode()
 
 
 def read_jsonl(path):
@@ -993,8 +965,8 @@ def fewshot_prefix(train_rows, test_rows, n, seed):
     return prefix, [r for r in train_rows if r["question"] not in shown], test_rows, picked
 
 
-# The run's folder: only one it made (or an empty one), locked until its last file is published; every file is
-# written as NAME.tmp, flushed to disk and renamed to NAME.
+# The run's folder: one it made (or an empty one), locked until its last file is published; every file is written
+# as NAME.tmp, flushed and renamed to NAME.
 
 LOCKS = {}  # folder -> the descriptor holding its lock; the system drops it when the process ends
 MADE = []  # the folders this process made, in order: one left empty by an error is removed
@@ -1005,7 +977,7 @@ def check_out(out):
     """--out, normalized; one that cannot hold a new run is found before minutes of loading."""
     if out is None:
         return None
-    if not out or out != out.encode("utf-8", "replace").decode():  # a byte that is not UTF-8 reads as a surrogate
+    if not out or not is_text(out):
         raise ConfigError(f"--out {out!r}: not a usable name; pick another --out")
     out = os.path.normpath(out)
     place = os.path.abspath(out)
@@ -1044,8 +1016,8 @@ def unlock(out):
 
 
 def claim_out(args, model, optimizer):
-    """The run's folder, locked, and its starting state. New: --out (made if missing) or the first free runs/ALGO,
-    runs/ALGO-2, ...; --resume: cleared of what a kill left, its latest checkpoint loaded."""
+    """The run's folder, locked, and its starting state. New: --out or the first free runs/ALGO, runs/ALGO-2, ...;
+    --resume: cleared of what a kill left, its latest checkpoint loaded."""
     out = args.out
     if rank_and_world()[0] == 0:
         try:
@@ -1096,8 +1068,8 @@ def mkdir(path):
 
 
 def publish(tmp, final):
-    """Flush the file or folder tmp, rename it to final, flush the rename. A kill leaves final whole or absent (the
-    rename does that); the flushes keep it so after a power loss too."""
+    """Flush the file or folder tmp, rename it to final, flush the rename: final is whole or absent after a kill (the
+    rename) or a power loss (the flushes)."""
     for path in [os.path.join(d, f) for d, _, files in os.walk(tmp) for f in files] + [tmp, os.path.dirname(final)]:
         if path == os.path.dirname(final):
             os.rename(tmp, final)
@@ -1107,8 +1079,7 @@ def publish(tmp, final):
 
 
 def remove(path):
-    """Remove the run's own file or folder, renamed to NAME.tmp first: a kill while deleting leaves a name --resume
-    clears, never a checkpoint in part."""
+    """Remove the run's own file or folder, renamed to NAME.tmp first: a kill leaves a name --resume clears."""
     if not path.endswith(".tmp") and os.path.lexists(path):
         os.rename(path, path + ".tmp")
         path += ".tmp"
@@ -1248,6 +1219,21 @@ def record_step(path, n, record, name):
 def is_a(value, kind):
     """isinstance as JSON reads: a bool is not a number, an int is a float too."""
     return not isinstance(value, bool) and isinstance(value, (int, float) if kind is float else kind)
+
+
+def step_metrics(rewards, batch, G):
+    """What a practitioner reads every step, over all ranks."""
+    rows = gather(torch.stack([rewards.float(), batch["completion_mask"].sum(1).float(),
+                               batch["truncated"].float()], 1).cpu())
+    rewards, lengths, truncated = torch.cat(rows).unbind(1)
+    groups, right = rewards.view(-1, G), rewards > 0
+    return {"reward_mean": rewards.mean().item(), "reward_std": rewards.std().item(),
+            "frac_zero_std": (groups.max(1).values == groups.min(1).values).float().mean().item(),
+            "frac_all_correct": (groups.min(1).values == 1).float().mean().item(),
+            "frac_all_wrong": (groups.max(1).values == 0).float().mean().item(),
+            "completion_len": lengths.mean().item(), "trunc_rate": truncated.mean().item(),
+            "len_correct": lengths[right].mean().item() if right.any() else None,
+            "len_wrong": lengths[~right].mean().item() if not right.all() else None}
 
 
 def start_wandb(args, config, state):
