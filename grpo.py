@@ -801,7 +801,6 @@ def env_rank_and_world():
 # Loading: the model, the data (files, the Hub, the offline data set).
 
 def load_model(name, device, grad_checkpointing=False):
-    """(model, tokenizer) ready for GRPO, on `device`."""
     model, tokenizer = load_pretrained(name)
     prepare_model(model, tokenizer)
     if grad_checkpointing:
@@ -1130,7 +1129,7 @@ def save_checkpoint(out, model, tokenizer, optimizer, state, log):
 
 
 def load_checkpoint(out, model, optimizer):
-    """The latest checkpoint into the model and optimizer; returns its state."""
+    """The latest checkpoint into the model and optimizer; its state, checked."""
     from transformers import AutoModelForCausalLM
     path = latest_checkpoint(out)
     try:
@@ -1203,7 +1202,8 @@ def open_log(args, sizes, state):
 
 
 RECORDS = {"train": {"step": int, "reward_mean": float}, "rollouts": {"step": int, "groups": list},
-           "eval": {"step": int, "n": int, "acc_strict": float, "acc_lenient": float, "right": list}}
+           "eval": {"step": int, "n": int, "acc_strict": float, "acc_lenient": float, "right": list,
+                    "right_strict": list}}
 
 
 def record_step(path, n, record, name):
@@ -1349,7 +1349,7 @@ def summary(out, wall_s, resumed_s=None):
              + ", ".join(f"{k.replace('acc_', '')} {first[k]:.3f} -> {last[k]:.3f}" for k in keys)]
     for label in paid:
         key = "right" if label == "lenient" else "right_strict"
-        d = [b - a for a, b in zip(first[key], last[key])]  # per question: -1, 0 or 1
+        d = [b - a for a, b in zip(first[key], last[key])]  # per question
         mean, se = sum(d) / len(d), statistics.stdev(d) / math.sqrt(len(d)) if len(d) > 1 else 0.0
         lines.append(f"  {label} change {mean:+.3f}, paired standard error {se:.3f}"
                      + (f" ({abs(mean) / se:.1f} SE)" if se else ""))
@@ -1387,7 +1387,7 @@ def stopping(stop):
 
 
 def init_distributed(device):
-    """Under torchrun, join the process group; returns this rank's device (cuda:LOCAL_RANK with nccl, or CPU)."""
+    """Under torchrun, join the process group; returns this rank's device (cuda:LOCAL_RANK, or the CPU)."""
     device = torch.device(device)
     if env_rank_and_world()[1] > 1:
         if device.type == "cuda":
@@ -1401,7 +1401,6 @@ def init_distributed(device):
 
 
 def wrap_ddp(model, device):
-    """DDP(model) under torchrun, which all-reduces the gradients; else the model."""
     if rank_and_world()[1] == 1:
         return model
     from torch.nn.parallel import DistributedDataParallel
@@ -1453,7 +1452,7 @@ def main(argv=None, task=GSM8K):
         leave_process_group(e.args[1])
         sys.exit(e.args[1])
     except (KeyboardInterrupt, OSError) as e:  # Ctrl-C before the loop or a second one; a full disk
-        saved = args.out and os.path.isdir(args.out) and latest_checkpoint(args.out)
+        saved = args.out and os.path.isfile(os.path.join(args.out, "metrics.jsonl"))  # from a checkpoint or step 0
         what = "interrupted" if isinstance(e, KeyboardInterrupt) else f"error: {e.strerror}: {e.filename}"
         print(f"\n{what}; " + (f"resume with: {resume_command(args.out)}" if saved else "nothing to resume"),
               file=sys.stderr)
