@@ -4084,6 +4084,63 @@ def test_resumed_args_refuses_what_cannot_resume_in_one_line(tiny_dir, run_data,
     assert folder_bytes(reference_run) == before
 
 
+def edit_line(path, n, edit):
+    """Line n (from 1) of a JSON-lines file replaced by edit(its object), or by the text edit gives."""
+    lines = open(path).read().splitlines(keepends=True)
+    new = edit(json.loads(lines[n - 1]))
+    lines[n - 1] = (new if isinstance(new, str) else json.dumps(new)) + "\n"
+    open(path, "w").write("".join(lines))
+
+
+def set_config(key, value):
+    return lambda out: edit_line(out / "metrics.jsonl", 1, lambda config: {**config, key: value})
+
+
+def set_state(key, value):
+    return lambda out: write_json(out / "checkpoint-3" / "state.json",
+                                  {**json.load(open(out / "checkpoint-3" / "state.json")), key: value})
+
+
+# A value no run writes, in the config line (a new run's flag would refuse it, or it reads back as another value),
+# in the checkpoint's state.json, or in a record kept on resume (the stopped run's metrics.jsonl: the config line,
+# eval 0, train 1, train 2, eval 2, train 3; rollouts.jsonl: steps 1 and 2). The words each error line holds,
+# OUT standing for the folder.
+CONFIG_LINE = "--resume OUT: the config line of OUT/metrics.jsonl"
+STATE = "--resume OUT: OUT/checkpoint-3 cannot be read"
+RESUME_DAMAGE = {
+    **{f"config-{key}={json.dumps(value)}": (set_config(key, value), (CONFIG_LINE, words)) for key, value, words in [
+        ("G", "2", "holds 'G': \"2\""), ("lr", None, "holds 'lr': null"), ("model", 5, "holds 'model': 5"),
+        ("steps", "6", "holds 'steps': \"6\""), ("batch_prompts", 0, "argument --batch-prompts"),
+        ("reward", "x", "argument --reward"), ("temperature", 0, "argument --temperature"), ("G", 1, "argument --G"),
+        ("algo", "bogus", "argument --algo"), ("dtype", "float16", "argument --dtype"),
+        ("steps", 0, "argument --steps")]},
+    **{f"state-{key}={json.dumps(value)}": (set_state(key, value),
+                                            (STATE, f"state.json's '{key}' holds {json.dumps(value)}"))
+       for key, value in [("step", "3"), ("step", 4), ("step", -1), ("nonfinite", None), ("nonfinite", -1),
+                          ("wall_s", "x"), ("wall_s", -1.0)]},
+    "train-step-string": (lambda out: edit_line(out / "metrics.jsonl", 3, lambda r: {**r, "step": "1"}),
+                          ("OUT/metrics.jsonl line 3: 'step' holds \"1\"",)),
+    "eval-without-right": (lambda out: edit_line(out / "metrics.jsonl", 2, lambda r: {**r, "right": None}),
+                           ("OUT/metrics.jsonl line 2: 'right' holds null",)),
+    "metrics-empty-object": (lambda out: edit_line(out / "metrics.jsonl", 4, lambda r: "{}"),
+                             ("OUT/metrics.jsonl line 4: 'type' holds null",)),
+    "rollouts-empty-object": (lambda out: edit_line(out / "rollouts.jsonl", 2, lambda r: "{}"),
+                              ("OUT/rollouts.jsonl line 2: 'step' holds null",)),
+}
+
+
+@pytest.mark.parametrize("damage, words", RESUME_DAMAGE.values(), ids=RESUME_DAMAGE.keys())
+def test_resume_of_a_damaged_config_line_state_or_record_is_one_line(stopped_run, tmp_path, capsys, damage, words):
+    """The stopped run with one value edited: --resume is one error line naming the file (the config line, the
+    checkpoint's state.json, the record's line) and the key or flag, and the folder is left as it was."""
+    out = copy_of(stopped_run, tmp_path / "run")
+    damage(out)
+    before = snapshot(out)
+    r = main_exit(capsys, ["--resume", str(out)])
+    assert_one_line_error(r, *(w.replace("OUT", str(out)) for w in words))
+    assert snapshot(out) == before
+
+
 def test_open_log_resume_keeps_the_rollouts_up_to_the_checkpoint(stopped_run, reference_run, tmp_path, handlers):
     """A run stopped after step 3 whose rollouts.jsonl then holds a whole stale line of a step 4 and a line cut
     short (as a run killed after its checkpoint leaves it), resumed: the file equals the uninterrupted run's."""
