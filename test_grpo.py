@@ -4046,6 +4046,92 @@ def test_kill_while_saving_leaves_the_previous_checkpoint(tiny_dir, run_data, re
     assert sorted(os.listdir(moved)) == COMPLETE and not os.path.exists(out)
 
 
+def assert_same_model_files(out, reference):
+    """Every file of OUT/model, byte for byte, is the reference run's: the weights, the configs and the tokenizer."""
+    assert sorted(os.listdir(out / "model")) == MODEL_FILES
+    assert folder_bytes(out / "model") == folder_bytes(reference / "model")
+
+
+def sigkill_in_step(argv, step):
+    """grpo.main(argv) in a fork of this process, SIGKILLed as its train step number `step` begins (a process that
+    dies leaves no handler, lock or cleanup behind); returns the fork's wait status."""
+    pid = os.fork()
+    if pid == 0:  # the fork: never returns into pytest
+        try:
+            real_step, calls = grpo.train_step, []
+
+            def step_killed(*args, **kwargs):
+                calls.append(1)
+                if len(calls) == step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real_step(*args, **kwargs)
+            grpo.train_step = step_killed
+            grpo.main(argv)
+        finally:
+            os._exit(1)
+    return os.waitpid(pid, 0)[1]
+
+
+def test_sigkill_before_the_first_checkpoint_then_resume_starts_again_and_ends_as_the_uninterrupted_run(
+        tiny_dir, run_data, reference_run, tmp_path, handlers):
+    """--save-every 0 (a checkpoint only at the end): SIGKILL in step 3 leaves no checkpoint; --resume starts the run
+    again from step 0 in its folder, keeps the config line and the step-0 eval, and ends with the reference run's
+    metrics, rollouts and model/ files (the reference differs only in its config line's save_every, 2)."""
+    out = tmp_path / "run"
+    status = sigkill_in_step(run_flags(tiny_dir, run_data, out, "--save-every", "0"), 3)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "rollouts.jsonl"]
+    assert [(x["type"], x.get("step")) for x in comparable_metrics(out)] == [
+        ("config", None), ("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
+    kept = open(out / "metrics.jsonl").readlines()[:2]
+    grpo.main(["--resume", str(out)])  # returns: exit status 0
+    assert open(out / "metrics.jsonl").readlines()[:2] == kept
+    got, want = comparable_metrics(out), comparable_metrics(reference_run)
+    assert got[0] == {**want[0], "save_every": 0} and got[1:] == want[1:]
+    assert open(out / "rollouts.jsonl").read() == open(reference_run / "rollouts.jsonl").read()
+    assert sorted(os.listdir(out)) == COMPLETE
+    assert_same_model_files(out, reference_run)
+
+
+def test_resume_of_a_folder_with_only_its_config_line_runs_the_whole_run(reference_run, tmp_path, handlers):
+    """A run killed right after its config line was written (no eval, no checkpoint): --resume runs it from step 0
+    to the end, equal to the reference run whose config line it holds."""
+    out = tmp_path / "run"
+    os.makedirs(out)
+    (out / "metrics.jsonl").write_text(open(reference_run / "metrics.jsonl").readline())
+    grpo.main(["--resume", str(out)])
+    assert_same_run(out, reference_run)
+    assert sorted(os.listdir(out)) == COMPLETE
+    assert_same_model_files(out, reference_run)
+
+
+def test_resume_with_no_step_left_saves_a_tokenizer_that_pads_on_the_left(reference_run, tiny_dir, run_data,
+                                                                          tmp_path, monkeypatch, capsys, handlers):
+    """Killed as OUT/model is published after step 6's checkpoint: --resume has no step to run and saves the final
+    model from the checkpoint. AutoTokenizer.from_pretrained(OUT/model) pads a batch on the left (as generate needs
+    it), and every file of model/ is the uninterrupted reference run's."""
+    out, real_publish = tmp_path / "run", grpo.publish
+
+    def publish_killed(tmp, final):
+        if os.path.basename(final) == "model":
+            raise Killed
+        return real_publish(tmp, final)
+    monkeypatch.setattr(grpo, "publish", publish_killed)
+    with pytest.raises(Killed):
+        grpo.main(run_flags(tiny_dir, run_data, out))
+    monkeypatch.undo()
+    assert sorted(os.listdir(out)) == ["checkpoint-6", "metrics.jsonl", "model.tmp", "rollouts.jsonl"]
+    calls = []
+    monkeypatch.setattr(grpo, "train_step", lambda *args, **kwargs: calls.append(1))
+    grpo.main(["--resume", str(out)])
+    assert calls == [] and sorted(os.listdir(out)) == COMPLETE
+    from transformers import AutoTokenizer
+    batch = AutoTokenizer.from_pretrained(out / "model")(["1+2=", "3"], padding=True)
+    assert batch.attention_mask == [[1, 1, 1, 1], [0, 0, 0, 1]]
+    assert batch.input_ids[1][:3] == [0, 0, 0]  # the pad token: <eos>, id 0 (testing_utils)
+    assert_same_model_files(out, reference_run)
+
+
 def test_two_runs_with_the_same_seed_are_identical(tiny_dir, run_data, reference_run, tmp_path, handlers):
     """A second run after the reference in this process, the global RNGs moved on in between (runs in fresh
     processes, another hash seed: test_ctrl_c_on_the_cli_then_the_printed_command_resumes)."""
@@ -4077,10 +4163,6 @@ def test_resumed_args_refuses_what_cannot_resume_in_one_line(tiny_dir, run_data,
                           "not --lr")
     assert_one_line_error(main_exit(capsys, ["--resume", str(reference_run), "--steps", "8"]), "not --steps")
     assert_one_line_error(main_exit(capsys, ["--resume", str(tmp_path / "nothing")]), str(tmp_path / "nothing"))
-    no_checkpoint = tmp_path / "no_checkpoint"
-    os.makedirs(no_checkpoint)
-    (no_checkpoint / "metrics.jsonl").write_text(open(reference_run / "metrics.jsonl").readline())
-    assert_one_line_error(main_exit(capsys, ["--resume", str(no_checkpoint)]), "no checkpoint")
     assert folder_bytes(reference_run) == before
 
 
