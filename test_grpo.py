@@ -586,6 +586,24 @@ def test_prepare_model_pads_on_the_left(tiny_dir):
     assert answer(prompts)[1] == answer(prompts[1:])[0]
 
 
+def test_save_pretrained_saves_a_tokenizer_that_pads_on_the_left_whatever_call_came_last(tiny_dir, tmp_path):
+    """A prepared tokenizer saved by grpo.save_pretrained after no call, a call without padding (fit_prompts counts
+    prompt lengths so) or a padded one (generate's): each saved tokenizer.json is the same, and AutoTokenizer loads it
+    padding on the left, as generate needs (test_prepare_model_pads_on_the_left)."""
+    from transformers import AutoTokenizer
+    saved = {}
+    for last_call in (None, False, True):
+        model, tokenizer = unprepared(tiny_dir)
+        grpo.prepare_model(model, tokenizer)
+        if last_call is not None:
+            tokenizer(["ab", "c"], padding=last_call)
+        path = tmp_path / f"model-{last_call}"
+        grpo.save_pretrained(model, tokenizer, str(path))
+        saved[last_call] = (path / "tokenizer.json").read_bytes()
+        batch = AutoTokenizer.from_pretrained(path)(["1+2=", "3"], padding=True)
+        assert batch.attention_mask == [[1, 1, 1, 1], [0, 0, 0, 1]], last_call
+    assert saved[None] == saved[False] == saved[True]
+
 def test_prepare_model_gives_a_tokenizer_without_one_a_pad_token(tiny_dir):
     """A tokenizer without a pad token cannot pad a batch of prompts; prepare_model makes its EOS the pad token."""
     model, tokenizer = unprepared(tiny_dir)
