@@ -4372,11 +4372,13 @@ def test_publish_flushes_every_file_and_the_folder_before_the_rename_and_the_par
 #
 # One 6-step run is made uninterrupted (the reference). Then runs of the same flags are killed with SIGKILL at chosen
 # points inside the saves and at random times, and resumed (again and again, each resume killed at a later point) to
-# the end; a kill before the first checkpoint leaves nothing to resume, so a new run starts in a new folder. After
-# every kill: OUT/model is absent or the reference's final weights; every checkpoint-N in it is whole (a kill while
-# one is removed must not leave it in part under its own name). At the end: metrics, rollouts and final weights equal
-# the reference's bit for bit; the folder holds what the reference's holds and a user's files put in it (a kill after
-# the final model is published may also leave the last checkpoint, whole or as a .tmp). A process that imports torch
+# the end; a kill before the first checkpoint is resumed too (the run starts again from step 0 in its folder), and
+# only a kill before the config line is written leaves nothing to resume (a new run starts in a new folder). After
+# every kill: OUT/model is absent or the reference's final model, every file byte for byte; every checkpoint-N in it
+# is whole (a kill while one is removed must not leave it in part under its own name). At the end: metrics, rollouts
+# and every file of model/ equal the reference's bit for bit; the folder holds what the reference's holds and a
+# user's files put in it (a kill after the final model is published may also leave the last checkpoint, whole or as
+# a .tmp). A process that imports torch
 # and transformers takes seconds to start, so the runs are forks of one server process that has imported them; each
 # fork runs grpo.main(argv) (with the kill armed) or grpo.py as __main__ (a plain `python grpo.py ...`), and dies or
 # exits as a process does.
@@ -4545,17 +4547,18 @@ def assert_whole_checkpoint(folder, whole):
         assert json.load(f)["step"] == int(os.path.basename(folder)[11:])
 
 
-def what_is_left(out, reference_weights, whole):
+def what_is_left(out, reference_model, whole):
     """Check what a kill left in `out`; return (a description of it, the step of its latest checkpoint or None).
-    OUT/model is the reference's final model or absent; every checkpoint-N is whole, older ones included (a kill
-    while one is removed leaves it under a .tmp name, which --resume clears)."""
+    OUT/model is absent or the reference's final model (`reference_model`: its files' bytes), tokenizer included;
+    every checkpoint-N is whole, older ones included (a kill while one is removed leaves it under a .tmp name, which
+    --resume clears)."""
     if not os.path.isdir(out):
         return "no folder", None
     parts, latest = [], grpo.latest_checkpoint(out)
     for name in sorted(os.listdir(out)):
         path = os.path.join(out, name)
         if name == "model":
-            assert same_weights(weights(path), reference_weights), f"{path} is not the reference's final model"
+            assert folder_bytes(path) == reference_model, f"{path} is not the reference's final model, file for file"
             parts.append("model (the final one)")
         elif re.fullmatch(r"checkpoint-[0-9]+", name):
             assert_whole_checkpoint(path, whole)
@@ -4587,15 +4590,17 @@ def kill_reference(tiny_dir, kill_data, tmp_path_factory):
 
 # (process, kill point, the latest checkpoint the kill leaves); "new" starts a run in a new folder, "resume" resumes
 # the folder of the row before. First a whole run killed in its last act (removing its last checkpoint once the
-# final model is published), then kills before the first checkpoint; then one folder is killed 11 times on its way
-# to the end, each resume killed at a later point, the last one after the final model is published.
+# final model is published), then one killed before its config line is published (nothing to resume); then one
+# folder is killed 14 times on its way to the end, each resume killed at a later point: three times before its first
+# checkpoint (resumed from step 0), the last three after its last checkpoint (resumed with no step left, the final
+# model saved from the checkpoint), the very last after the final model is published.
 KILL_POINTS = [
     ("new", {"at": "remove", "name": "checkpoint-6"}, None),  # finish, after model/: a complete run
     ("new", {"at": "publish", "name": "metrics.jsonl", "when": "before the rename"}, None),
     ("new", {"at": "publish", "name": "rollouts.jsonl", "when": "after the rename"}, None),
-    ("new", {"at": "save_pretrained", "name": "checkpoint-2.tmp"}, None),
-    ("new", {"at": "publish", "name": "checkpoint-2", "when": "before the rename"}, None),
-    ("new", {"at": "publish", "name": "checkpoint-2", "when": "after the rename"}, 2),
+    ("resume", {"at": "save_pretrained", "name": "checkpoint-2.tmp"}, None),
+    ("resume", {"at": "publish", "name": "checkpoint-2", "when": "before the rename"}, None),
+    ("resume", {"at": "publish", "name": "checkpoint-2", "when": "after the rename"}, 2),
     ("resume", {"at": "publish", "name": "metrics.jsonl", "when": "before the rename"}, 2),
     ("resume", {"at": "publish", "name": "rollouts.jsonl", "when": "after the rename"}, 2),
     ("resume", {"at": "save_pretrained", "name": "checkpoint-4.tmp"}, 2),
@@ -4624,7 +4629,7 @@ KEPT = {"notes.tmp": b"mine\n", "checkpoint-best/keep.txt": b"keep"}
 
 def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_dir, kill_data, kill_reference,
                                                                         tmp_path):
-    reference_weights = weights(kill_reference / "model")
+    reference_model = folder_bytes(kill_reference / "model")
     train = [r for r in comparable_metrics(kill_reference) if r["type"] == "train"]
     # a real test case: a group with mixed rewards at step 1, so the weights move from the first step on
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
@@ -4641,14 +4646,15 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
         argv = [*flags, "--out", str(out)] if process == "new" else ["--resume", str(out)]
         status, log, seconds = server.run(argv, kill, kill_after)
         assert status in (0, -signal.SIGKILL), log[-3000:]
-        left, latest = what_is_left(out, reference_weights, whole)
+        left, latest = what_is_left(out, reference_model, whole)
         if status and os.path.isdir(out / "model"):
             finished_by_kill.add(out)
         return out, status, left, latest, seconds
 
-    def resumable(out, latest):
-        """What a user can do next with the folder a kill left: resume it, or start a new run (one-line errors)."""
-        if latest is None or os.path.isdir(out / "model"):
+    def resumable(out):
+        """What a user can do next with the folder a kill left: resume it (from its checkpoint, or from step 0 if it
+        has none yet), or, with no config line in it or a final model, start a new run (one-line errors)."""
+        if not grpo.read_records(os.path.join(out, "metrics.jsonl")) or os.path.isdir(out / "model"):
             try:
                 with pytest.raises(grpo.ConfigError):
                     grpo.get_args(["--resume", str(out)])
@@ -4678,16 +4684,16 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
             assert status == -signal.SIGKILL, f"{describe_kill(kill)}: the kill point was never reached"
             assert latest == expected, (describe_kill(kill), left)
             rows.append((f"{process} {os.path.basename(out)}", describe_kill(kill), left,
-                         "resume" if resumable(out, latest) else
+                         "resume" if resumable(out) else
                          "complete" if os.path.isdir(out / "model") else "new run"))
         assert os.path.isdir(folders[-1] / "model") and folders[-1] in kept
         deterministic = folders[-1]
-        # kills at random times over a whole run's duration; a folder left without a checkpoint is given up
+        # kills at random times over a whole run's duration; a folder left without a config line is given up
         rng, going = random.Random(2026), None
         for _ in range(RANDOM_KILLS):
             after, process = rng.uniform(0, duration), "resume" if going else "new"
             out, status, left, latest, _ = life(process, kill_after=after)
-            going = out if resumable(out, latest) else None
+            going = out if resumable(out) else None
             rows.append((f"{process} {out.name}", f"at {after:.2f} s",
                          left if status else f"(ended before the kill) {left}",
                          "resume" if going else "complete" if os.path.isdir(out / "model") else "new run"))
@@ -4699,10 +4705,11 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
         server.close()
     completed = [out for out in folders if os.path.isdir(out / "model")]
     assert deterministic in completed and folders[0] in finished_by_kill
-    # every folder a kill left with a checkpoint was resumed to its end; the others were given up
-    assert all(out in completed or grpo.latest_checkpoint(out) is None for out in folders if out.exists())
+    # every folder a kill left with a config line was resumed to its end; the others were given up
+    assert all(out in completed or not grpo.read_records(out / "metrics.jsonl") for out in folders if out.exists())
     for out in completed:
         assert_same_run(out, kill_reference)
+        assert folder_bytes(out / "model") == reference_model, out
         users = {name.split("/")[0] for name in KEPT} if out in kept else set()
         names = set(os.listdir(out))
         assert names >= {"metrics.jsonl", "model", "rollouts.jsonl"} | users, out
