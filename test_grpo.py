@@ -2681,6 +2681,10 @@ def test_start_wandb_without_an_api_key_is_one_line(tiny_dir, data_dir, tmp_path
     assert os.listdir(out) == []
     grpo.main(flags)  # the same --out, without --wandb
     assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
+    deep = tmp_path / "a" / "b" / "c"  # the parents it made too, none left behind
+    r = main_exit(capsys, [*small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(deep)), "--wandb", "x"])
+    assert_one_line_error(r, "--wandb x")
+    assert not (tmp_path / "a").exists()
 
 
 def test_check_args_without_wandb_is_one_line(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
@@ -4978,6 +4982,22 @@ def test_claim_out_numbers_the_default_folder_and_skips_taken_names(tmp_path, mo
     assert open("runs/drgrpo-3/notes.txt").read() == "mine\n"
     assert "the run's folder: runs/drgrpo-4\n" in capsys.readouterr().err
 
+
+@pytest.mark.parametrize("out", ["a/b/c", "mine/b/c", None], ids=["three-made", "in-the-users-folder", "default"])
+def test_main_an_error_after_the_folder_is_made_removes_it_and_the_parents_it_made(
+        tiny_dir, data_dir, tmp_path, monkeypatch, capsys, out):
+    """An error once the run's folder is made (open_log's, as a --wandb without a key gives): the folder and every
+    parent the run made are removed again (without --out: runs/ too); a folder that was there before stays."""
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("mine")
+
+    def refused(*args):
+        raise grpo.ConfigError("refused after the folder was made")
+    monkeypatch.setattr(grpo, "open_log", refused)
+    r = main_exit(capsys, small_flags(tiny_dir, data_dir, "--steps", "1", *(["--out", out] if out else [])))
+    assert_one_line_error(r, "refused after the folder was made")
+    assert f"the run's folder: {out or os.path.join('runs', 'grpo')}\n" in r.stderr  # it was made
+    assert os.listdir(tmp_path) == ["mine"] and os.listdir("mine") == []
 
 def test_out_naming_a_folder_with_files_is_refused_and_left_alone(tiny_dir, data_dir, tmp_path, capsys):
     full = tmp_path / "full"
