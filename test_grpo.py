@@ -42,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # bit for bit.
 torch.set_num_threads(1)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+DEEP = "[" * 100_000 + "]" * 100_000  # JSON nested deeper than Python's recursion limit lets json.loads read
 
 
 # ------------------------------------------------------------------ fixtures: a tiny model, tiny data
@@ -3148,15 +3149,37 @@ def test_squad_load_squad_missing_or_garbled_file_is_one_line(damage, words, tin
     ({"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": [{"id": "1", "question": "q?",
                                                                           "answers": [], "is_impossible": True}]}]}]},
      ["without a gold answer", "v1.1"]),
-])
+    # an empty or blank gold answer: SQuAD 2.0's way of writing an unanswerable question, refused like one
+    *[({"data": [{"title": "t", "paragraphs": [{"context": "c d", "qas": [
+        {"id": "1", "question": "q?", "answers": [{"text": "c"}, {"text": gold, "answer_start": 0}]}]}]}]},
+       ["without a gold answer, or an empty one", "v1.1"]) for gold in ("", " \n")],
+    (DEEP, ["RecursionError"]),  # JSON nested too deep to read: text, written as it is
+], ids=["not-squad", "no-questions", "not-a-string", "unanswerable", "empty-gold", "blank-gold", "nested-too-deep"])
 def test_squad_load_squad_refuses_a_file_that_is_not_squad_v1_1(content, words, tmp_path):
     folder = write_squad(tmp_path / "squad")
     with open(os.path.join(folder, "dev-v1.1.json"), "w") as f:
-        json.dump(content, f)
+        f.write(content if isinstance(content, str) else json.dumps(content))
     with pytest.raises(grpo.ConfigError) as e:
         squad.load_squad(folder, 0)
     assert "dev-v1.1.json" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
 
+
+@pytest.mark.parametrize("field", ["context", "question"])
+def test_squad_a_lone_surrogate_in_a_context_or_question_is_one_line(tiny_dir, tmp_path, capsys, field):
+    """SQuAD JSON's "\\udc80" in a context or question reads as a lone surrogate, which no tokenizer encodes:
+    `python -m examples.squad` (grpo.main with squad.SQUAD) stops with one line naming the row, before the model
+    loads."""
+    folder = write_squad(tmp_path / "squad")
+    path = os.path.join(folder, "train-v1.1.json")
+    content = json.load(open(path))
+    paragraph = content["data"][0]["paragraphs"][0]
+    target = paragraph if field == "context" else paragraph["qas"][0]
+    target[field] += " \udc80"
+    open(path, "w").write(json.dumps(content))  # ASCII: "\\udc80"
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", folder, "--steps", "1", "--out", str(tmp_path / "run")],
+                  squad.SQUAD)
+    assert_one_line_error(r, f"--dataset {folder}: train row 1's 'question' is not text")
+    assert not (tmp_path / "run").exists()
 
 def test_squad_load_squad_without_the_hub_is_one_line(tiny_dir, tmp_path):
     """Offline with an empty cache, in a process of its own (the datasets library reads the variables when it is
@@ -3699,6 +3722,40 @@ def test_read_jsonl_names_the_files_own_line_past_blank_lines_and_refuses_an_emp
         assert_one_line_error(r, f"{path} {words}")
     assert not (tmp_path / "out").exists()
 
+
+
+@pytest.mark.parametrize("where", ["train.jsonl", "metrics.jsonl"])
+def test_read_records_a_line_nested_too_deep_is_one_line(tiny_dir, stopped_run, tmp_path, capsys, where):
+    """A JSON line nested 100,000 deep, in a data file (train.jsonl) or in a resumed run's metrics.jsonl: one error
+    line naming the file and its line, as any line that is not JSON, not a RecursionError."""
+    if where == "train.jsonl":
+        data = write_data(tmp_path / "data", sums(5), sums(2, offset=100))
+        path = os.path.join(data, "train.jsonl")
+        open(path, "a").write(DEEP + "\n")
+        r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data, "--steps", "1", "--out", str(tmp_path / "out")])
+        assert_one_line_error(r, f"{path} line 6 is not UTF-8 JSON")
+        assert not (tmp_path / "out").exists()
+        return
+    out = copy_of(stopped_run, tmp_path / "run")
+    lines = open(out / "metrics.jsonl").readlines()
+    (out / "metrics.jsonl").write_text("".join(lines[:2] + [DEEP + "\n"] + lines[2:]))
+    before = snapshot(out)
+    r = main_exit(capsys, ["--resume", str(out)])
+    assert_one_line_error(r, f"{out / 'metrics.jsonl'} line 3 is not UTF-8 JSON")
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("split, key", [("train", "question"), ("test", "answer")])
+def test_load_rows_a_lone_surrogate_in_a_question_or_answer_is_one_line(tiny_dir, tmp_path, capsys, split, key):
+    """JSON's "\\ud800" reads as a lone surrogate, which no tokenizer can encode: one line naming the split, the row
+    and the field, before the model loads, not a tokenizer's TypeError."""
+    rows = {"train": sums(5), "test": sums(2, offset=100)}
+    rows[split][1] = {**rows[split][1], key: "\ud800 " + rows[split][1][key]}
+    data = write_data(tmp_path / "data", rows["train"], rows["test"])
+    assert "\\ud800" in open(os.path.join(data, f"{split}.jsonl")).read()  # as JSON writes it, ASCII
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data, "--steps", "1", "--out", str(tmp_path / "out")])
+    assert_one_line_error(r, f"--dataset {data}: {split} row 2's {key!r} is not text")
+    assert not (tmp_path / "out").exists()
 
 MIN_TEMPERATURE = 1e-3  # the README's lowest temperature: below it logits / T overflow float32
 
