@@ -4000,6 +4000,66 @@ def test_ctrl_c_on_the_cli_then_the_printed_command_resumes(tiny_dir, run_data, 
     assert sorted(os.listdir(out)) == COMPLETE
 
 
+# A task script of one's own without .py, run as an executable: it records each start, and the first one stops itself
+# with SIGTERM in its first step (then its checkpoint is saved and the resume command printed).
+MYTASK = f"""#!{sys.executable}
+import os, signal, sys
+sys.path.insert(0, {HERE!r})
+import grpo
+open("started.txt", "a").write(sys.argv[0] + "\\n")
+if "--resume" not in sys.argv:
+    real_step = grpo.train_step
+    def step(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(*args, **kwargs)
+    grpo.train_step = step
+grpo.main()
+"""
+
+
+def run_as_main(monkeypatch, argv):
+    """`python ARGV` or `./SCRIPT` (ARGV[0]) in this process, as the interpreter runs a script: sys.argv as given,
+    the file as __main__ (runpy); returns the exit status. What the script changes in grpo is put back afterwards."""
+    monkeypatch.setattr(grpo, "train_step", grpo.train_step)
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def test_resume_command_names_an_executable_script_without_py_and_runs_it(tiny_dir, data_dir, tmp_path, monkeypatch,
+                                                                          capsys, handlers):
+    """`./mytask` (an executable task script, no .py), stopped: the command it prints runs mytask itself again (not
+    grpo.py, whose task may be another), from the folder it was started in, and the run ends."""
+    (tmp_path / "mytask").write_text(MYTASK)
+    (tmp_path / "mytask").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    status = run_as_main(monkeypatch, ["./mytask", *small_flags(tiny_dir, data_dir, "--steps", "2", "--out", "run")])
+    assert status == 128 + signal.SIGTERM
+    command = capsys.readouterr().err.strip().splitlines()[-1].split("resume with: ")[1]
+    assert command == "python mytask --resume run"
+    assert run_as_main(monkeypatch, shlex.split(command)[1:]) == 0
+    assert open("started.txt").read().split() == ["./mytask", "mytask"]
+    assert sorted(os.listdir("run")) == ["metrics.jsonl", "model"]
+
+
+@pytest.mark.parametrize("argv0, want", [("mytask", "mytask"), ("./mytask", "mytask"), ("sub/task.py", "sub/task.py"),
+                                         ("-c", None), ("", None)])
+def test_resume_command_is_the_script_as_it_ran_or_grpo_py(tmp_path, monkeypatch, argv0, want):
+    """resume_command in a process whose sys.argv[0] is a script file (with or without .py) names it, relative to
+    the working folder; one whose argv[0] is no file (python -c, an embedding) names grpo.py."""
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("sub")
+    for name in ("mytask", "sub/task.py"):
+        open(name, "w").write("")
+    monkeypatch.setattr(sys, "argv", [argv0])
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", None, raising=False)
+    script = want or os.path.relpath(grpo.__file__)
+    assert grpo.resume_command("run") == shlex.join(["python", script, "--resume", "run"])
+
 def test_second_ctrl_c_quits_at_once(tiny_dir, run_data, tmp_path):
     out = tmp_path / "run"
     proc, stderr = start_slow_run(run_flags(tiny_dir, run_data, out), tmp_path, step_sleep=30)
