@@ -5431,12 +5431,55 @@ def test_evaluate_reports_progress_per_batch_and_token(batch_size, K, before):
         f"sampled {n}/7 questions, token {t}/16" for n in before for t in range(1, 15)]
 
 
+# What torchrun --nproc_per_node=2 sets in its first process.
+TORCHRUN_RANK_0 = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": "29500"}
+
+
 def test_check_args_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
-    monkeypatch.setenv("WORLD_SIZE", "2")  # what torchrun --nproc_per_node=2 sets; checked before joining any group
+    for name, value in TORCHRUN_RANK_0.items():  # checked before joining any group
+        monkeypatch.setenv(name, value)
     flags = ["--model", tiny_dir, "--dataset", data_dir, "--out", str(tmp_path / "run"), "--G", "4"]
     assert_one_line_error(main_exit(capsys, flags + ["--batch-prompts", "3"]), "--batch-prompts 3", "2 processes")
     assert not (tmp_path / "run").exists()
 
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not a number of processes"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not a number of processes"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 without RANK"),
+    ({"WORLD_SIZE": "2", "RANK": "0"}, "WORLD_SIZE=2 without LOCAL_RANK"),
+    ({**TORCHRUN_RANK_0, "MASTER_PORT": None}, "WORLD_SIZE=2 without MASTER_PORT"),
+], ids=["not-a-number", "zero", "no-rank", "no-local-rank", "no-master-port"])
+def test_env_rank_and_world_outside_torchrun_is_one_line(tiny_dir, data_dir, tmp_path, capsys, monkeypatch, env,
+                                                         words):
+    """WORLD_SIZE that is no number of processes, or one above 1 without the other variables torchrun sets (as a
+    shell that exported it would run python grpo.py): one line naming the variable, exit 2, nothing made."""
+    for name in ("WORLD_SIZE", *TORCHRUN_RANK_0):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    r = main_exit(capsys, small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(tmp_path / "run")))
+    assert_one_line_error(r, words, "torchrun")
+    assert not (tmp_path / "run").exists()
+
+
+def test_lock_outside_torchrun_rank_is_0_whatever_rank_says(stopped_run, tmp_path):
+    """`RANK=1 python grpo.py --resume OUT` (no WORLD_SIZE: not under torchrun) is rank 0: it takes the folder's lock,
+    so while another process holds it (a run still going) it is refused with one line, the folder left as it was."""
+    out = copy_of(stopped_run, tmp_path / "run")
+    fd = os.open(out, os.O_RDONLY)  # the live run's lock, as grpo.lock takes it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_RANK_0} | ONE_THREAD | {"RANK": "1"}
+        r = subprocess.run([sys.executable, os.path.join(HERE, "grpo.py"), "--resume", str(out)], capture_output=True,
+                           text=True, timeout=600, env=env)
+    finally:
+        os.close(fd)
+    assert_one_line_error(r, f"{out} {IN_USE}")
+    assert folder_bytes(out) == stopped_run.files
 
 # --micro-batch left at its default of 8, more than the 4 sequences of a rank: all of them in one pass. Sampled
 # evaluation answers (--eval-samples 3) at the training temperature exercise the per-rank evaluation draws.
