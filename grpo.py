@@ -679,7 +679,7 @@ def build_parser():
     add("--eval-n", type=count, help="held-out test questions per evaluation")
     add("--eval-samples", type=whole, default=0, metavar="K", help="also K sampled answers a question: pass@k, maj@K")
     add("--log-rollouts", type=whole, default=0, metavar="N", help="write step 1's and every Nth step's answers")
-    add("--save-every", type=whole, help="checkpoint every N steps (0: only at the end or a stop)")
+    add("--save-every", type=whole, help="checkpoint every N steps; 0: only at the end or a stop")
     add("--out", help="a new or empty folder; unset: runs/ALGO, or runs/ALGO-2, ... if taken")
     add("--resume", metavar="OUT", help="continue the run in OUT to its end (only --device may be given)")
     add("--wandb", metavar="PROJECT", help="also log to this Weights & Biases project")

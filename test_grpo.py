@@ -3353,6 +3353,7 @@ def test_get_args_the_full_setting_on_a_cpu_says_it_takes_hours(monkeypatch, cap
     if flags == ["--setting", "full"] and not cuda:
         assert err.startswith("setting full (--setting): Qwen/Qwen2.5-0.5B-Instruct on gsm8k, lenient reward, "
                               "200 steps, cpu; filled in --model Qwen/Qwen2.5-0.5B-Instruct --dataset gsm8k ")
+        assert flags_filled(err)["--save-every"] == "20"  # README.md: "a checkpoint every 20 steps"
 
 
 @pytest.mark.parametrize("setting", ["full", "small"])
