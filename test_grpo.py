@@ -3382,12 +3382,19 @@ def test_load_data_offline_the_full_settings_gsm8k_is_one_line(tiny_dir, tmp_pat
 
 
 def test_get_args_one_setting_line_per_job(monkeypatch, capsys):
-    """Under torchrun only rank 0 (torchrun's RANK) says which setting the job runs."""
+    """Under torchrun only rank 0 (torchrun's RANK) says which setting the job runs; outside torchrun (no
+    WORLD_SIZE) a process is rank 0 whatever RANK says, and says it."""
     machine(monkeypatch, cuda=False)
+    for name, value in TORCHRUN_RANK_0.items():
+        monkeypatch.setenv(name, value)
     monkeypatch.setenv("RANK", "1")
     args = grpo.get_args(["--dtype", "float32"])
     assert args.setting == "small" and capsys.readouterr().err == ""
     monkeypatch.setenv("RANK", "0")
+    grpo.get_args(["--dtype", "float32"])
+    assert capsys.readouterr().err.startswith("setting small")
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setenv("RANK", "1")
     grpo.get_args(["--dtype", "float32"])
     assert capsys.readouterr().err.startswith("setting small")
 
