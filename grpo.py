@@ -1208,7 +1208,7 @@ RECORDS = {"train": {"step": int, "reward_mean": float}, "rollouts": {"step": in
 
 def record_step(path, n, record, name):
     """The step of a record a resumed run keeps, its fields checked first: a damaged line is one error line."""
-    fields = RECORDS.get(record.get("type") if name == "metrics" else name, {"type": "train or eval"})
+    fields = RECORDS.get(record.get("type") if name == "metrics" else name, {"type": ()})  # (): no value is one
     for key, kind in fields.items():
         if not is_a(record.get(key), kind):
             raise ConfigError(f"{path} line {n}: {key!r} holds {json.dumps(record.get(key))[:40]}, not what a run "

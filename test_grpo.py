@@ -42,6 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # bit for bit.
 torch.set_num_threads(1)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+DEEP = "[" * 100_000 + "]" * 100_000  # JSON nested deeper than Python's recursion limit lets json.loads read
 
 
 # ------------------------------------------------------------------ fixtures: a tiny model, tiny data
@@ -585,6 +586,24 @@ def test_prepare_model_pads_on_the_left(tiny_dir):
     assert tokenizer.padding_side == "left"
     assert answer(prompts)[1] == answer(prompts[1:])[0]
 
+
+def test_save_pretrained_saves_a_tokenizer_that_pads_on_the_left_whatever_call_came_last(tiny_dir, tmp_path):
+    """A prepared tokenizer saved by grpo.save_pretrained after no call, a call without padding (fit_prompts counts
+    prompt lengths so) or a padded one (generate's): each saved tokenizer.json is the same, and AutoTokenizer loads it
+    padding on the left, as generate needs (test_prepare_model_pads_on_the_left)."""
+    from transformers import AutoTokenizer
+    saved = {}
+    for last_call in (None, False, True):
+        model, tokenizer = unprepared(tiny_dir)
+        grpo.prepare_model(model, tokenizer)
+        if last_call is not None:
+            tokenizer(["ab", "c"], padding=last_call)
+        path = tmp_path / f"model-{last_call}"
+        grpo.save_pretrained(model, tokenizer, str(path))
+        saved[last_call] = (path / "tokenizer.json").read_bytes()
+        batch = AutoTokenizer.from_pretrained(path)(["1+2=", "3"], padding=True)
+        assert batch.attention_mask == [[1, 1, 1, 1], [0, 0, 0, 1]], last_call
+    assert saved[None] == saved[False] == saved[True]
 
 def test_prepare_model_gives_a_tokenizer_without_one_a_pad_token(tiny_dir):
     """A tokenizer without a pad token cannot pad a batch of prompts; prepare_model makes its EOS the pad token."""
@@ -2663,6 +2682,10 @@ def test_start_wandb_without_an_api_key_is_one_line(tiny_dir, data_dir, tmp_path
     assert os.listdir(out) == []
     grpo.main(flags)  # the same --out, without --wandb
     assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
+    deep = tmp_path / "a" / "b" / "c"  # the parents it made too, none left behind
+    r = main_exit(capsys, [*small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(deep)), "--wandb", "x"])
+    assert_one_line_error(r, "--wandb x")
+    assert not (tmp_path / "a").exists()
 
 
 def test_check_args_without_wandb_is_one_line(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
@@ -3126,15 +3149,37 @@ def test_squad_load_squad_missing_or_garbled_file_is_one_line(damage, words, tin
     ({"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": [{"id": "1", "question": "q?",
                                                                           "answers": [], "is_impossible": True}]}]}]},
      ["without a gold answer", "v1.1"]),
-])
+    # an empty or blank gold answer: SQuAD 2.0's way of writing an unanswerable question, refused like one
+    *[({"data": [{"title": "t", "paragraphs": [{"context": "c d", "qas": [
+        {"id": "1", "question": "q?", "answers": [{"text": "c"}, {"text": gold, "answer_start": 0}]}]}]}]},
+       ["without a gold answer, or an empty one", "v1.1"]) for gold in ("", " \n")],
+    (DEEP, ["RecursionError"]),  # JSON nested too deep to read: text, written as it is
+], ids=["not-squad", "no-questions", "not-a-string", "unanswerable", "empty-gold", "blank-gold", "nested-too-deep"])
 def test_squad_load_squad_refuses_a_file_that_is_not_squad_v1_1(content, words, tmp_path):
     folder = write_squad(tmp_path / "squad")
     with open(os.path.join(folder, "dev-v1.1.json"), "w") as f:
-        json.dump(content, f)
+        f.write(content if isinstance(content, str) else json.dumps(content))
     with pytest.raises(grpo.ConfigError) as e:
         squad.load_squad(folder, 0)
     assert "dev-v1.1.json" in str(e.value) and all(w in str(e.value) for w in words), str(e.value)
 
+
+@pytest.mark.parametrize("field", ["context", "question"])
+def test_squad_a_lone_surrogate_in_a_context_or_question_is_one_line(tiny_dir, tmp_path, capsys, field):
+    """SQuAD JSON's "\\udc80" in a context or question reads as a lone surrogate, which no tokenizer encodes:
+    `python -m examples.squad` (grpo.main with squad.SQUAD) stops with one line naming the row, before the model
+    loads."""
+    folder = write_squad(tmp_path / "squad")
+    path = os.path.join(folder, "train-v1.1.json")
+    content = json.load(open(path))
+    paragraph = content["data"][0]["paragraphs"][0]
+    target = paragraph if field == "context" else paragraph["qas"][0]
+    target[field] += " \udc80"
+    open(path, "w").write(json.dumps(content))  # ASCII: "\\udc80"
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", folder, "--steps", "1", "--out", str(tmp_path / "run")],
+                  squad.SQUAD)
+    assert_one_line_error(r, f"--dataset {folder}: train row 1's 'question' is not text")
+    assert not (tmp_path / "run").exists()
 
 def test_squad_load_squad_without_the_hub_is_one_line(tiny_dir, tmp_path):
     """Offline with an empty cache, in a process of its own (the datasets library reads the variables when it is
@@ -3308,6 +3353,7 @@ def test_get_args_the_full_setting_on_a_cpu_says_it_takes_hours(monkeypatch, cap
     if flags == ["--setting", "full"] and not cuda:
         assert err.startswith("setting full (--setting): Qwen/Qwen2.5-0.5B-Instruct on gsm8k, lenient reward, "
                               "200 steps, cpu; filled in --model Qwen/Qwen2.5-0.5B-Instruct --dataset gsm8k ")
+        assert flags_filled(err)["--save-every"] == "20"  # README.md: "a checkpoint every 20 steps"
 
 
 @pytest.mark.parametrize("setting", ["full", "small"])
@@ -3337,22 +3383,21 @@ def test_load_data_offline_the_full_settings_gsm8k_is_one_line(tiny_dir, tmp_pat
 
 
 def test_get_args_one_setting_line_per_job(monkeypatch, capsys):
-    """Under torchrun (its variables set) only rank 0 says which setting the job runs; outside torchrun a process is
-    rank 0 whatever RANK says."""
+    """Under torchrun only rank 0 (torchrun's RANK) says which setting the job runs; outside torchrun (no
+    WORLD_SIZE) a process is rank 0 whatever RANK says, and says it."""
     machine(monkeypatch, cuda=False)
-    monkeypatch.setenv("RANK", "1")
-    grpo.get_args(["--dtype", "float32"])
-    assert capsys.readouterr().err.startswith("setting small")
-    for name, value in TORCHRUN_ENV.items():
+    for name, value in TORCHRUN_RANK_0.items():
         monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RANK", "1")
     args = grpo.get_args(["--dtype", "float32"])
     assert args.setting == "small" and capsys.readouterr().err == ""
     monkeypatch.setenv("RANK", "0")
     grpo.get_args(["--dtype", "float32"])
     assert capsys.readouterr().err.startswith("setting small")
-
-
-TORCHRUN_ENV = {"WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.setenv("RANK", "1")
+    grpo.get_args(["--dtype", "float32"])
+    assert capsys.readouterr().err.startswith("setting small")
 
 
 def test_resumed_args_keep_the_setting_of_the_config_line(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
@@ -3687,6 +3732,40 @@ def test_read_jsonl_names_the_files_own_line_past_blank_lines_and_refuses_an_emp
     assert not (tmp_path / "out").exists()
 
 
+
+@pytest.mark.parametrize("where", ["train.jsonl", "metrics.jsonl"])
+def test_read_records_a_line_nested_too_deep_is_one_line(tiny_dir, stopped_run, tmp_path, capsys, where):
+    """A JSON line nested 100,000 deep, in a data file (train.jsonl) or in a resumed run's metrics.jsonl: one error
+    line naming the file and its line, as any line that is not JSON, not a RecursionError."""
+    if where == "train.jsonl":
+        data = write_data(tmp_path / "data", sums(5), sums(2, offset=100))
+        path = os.path.join(data, "train.jsonl")
+        open(path, "a").write(DEEP + "\n")
+        r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data, "--steps", "1", "--out", str(tmp_path / "out")])
+        assert_one_line_error(r, f"{path} line 6 is not UTF-8 JSON")
+        assert not (tmp_path / "out").exists()
+        return
+    out = copy_of(stopped_run, tmp_path / "run")
+    lines = open(out / "metrics.jsonl").readlines()
+    (out / "metrics.jsonl").write_text("".join(lines[:2] + [DEEP + "\n"] + lines[2:]))
+    before = snapshot(out)
+    r = main_exit(capsys, ["--resume", str(out)])
+    assert_one_line_error(r, f"{out / 'metrics.jsonl'} line 3 is not UTF-8 JSON")
+    assert snapshot(out) == before
+
+
+@pytest.mark.parametrize("split, key", [("train", "question"), ("test", "answer")])
+def test_load_rows_a_lone_surrogate_in_a_question_or_answer_is_one_line(tiny_dir, tmp_path, capsys, split, key):
+    """JSON's "\\ud800" reads as a lone surrogate, which no tokenizer can encode: one line naming the split, the row
+    and the field, before the model loads, not a tokenizer's TypeError."""
+    rows = {"train": sums(5), "test": sums(2, offset=100)}
+    rows[split][1] = {**rows[split][1], key: "\ud800 " + rows[split][1][key]}
+    data = write_data(tmp_path / "data", rows["train"], rows["test"])
+    assert "\\ud800" in open(os.path.join(data, f"{split}.jsonl")).read()  # as JSON writes it, ASCII
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", data, "--steps", "1", "--out", str(tmp_path / "out")])
+    assert_one_line_error(r, f"--dataset {data}: {split} row 2's {key!r} is not text")
+    assert not (tmp_path / "out").exists()
+
 MIN_TEMPERATURE = 1e-3  # the README's lowest temperature: below it logits / T overflow float32
 
 
@@ -3930,6 +4009,66 @@ def test_ctrl_c_on_the_cli_then_the_printed_command_resumes(tiny_dir, run_data, 
     assert sorted(os.listdir(out)) == COMPLETE
 
 
+# A task script of one's own without .py, run as an executable: it records each start, and the first one stops itself
+# with SIGTERM in its first step (then its checkpoint is saved and the resume command printed).
+MYTASK = f"""#!{sys.executable}
+import os, signal, sys
+sys.path.insert(0, {HERE!r})
+import grpo
+open("started.txt", "a").write(sys.argv[0] + "\\n")
+if "--resume" not in sys.argv:
+    real_step = grpo.train_step
+    def step(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_step(*args, **kwargs)
+    grpo.train_step = step
+grpo.main()
+"""
+
+
+def run_as_main(monkeypatch, argv):
+    """`python ARGV` or `./SCRIPT` (ARGV[0]) in this process, as the interpreter runs a script: sys.argv as given,
+    the file as __main__ (runpy); returns the exit status. What the script changes in grpo is put back afterwards."""
+    monkeypatch.setattr(grpo, "train_step", grpo.train_step)
+    monkeypatch.setattr(sys, "argv", argv)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    try:
+        runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        return e.code
+    return 0
+
+
+def test_resume_command_names_an_executable_script_without_py_and_runs_it(tiny_dir, data_dir, tmp_path, monkeypatch,
+                                                                          capsys, handlers):
+    """`./mytask` (an executable task script, no .py), stopped: the command it prints runs mytask itself again (not
+    grpo.py, whose task may be another), from the folder it was started in, and the run ends."""
+    (tmp_path / "mytask").write_text(MYTASK)
+    (tmp_path / "mytask").chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    status = run_as_main(monkeypatch, ["./mytask", *small_flags(tiny_dir, data_dir, "--steps", "2", "--out", "run")])
+    assert status == 128 + signal.SIGTERM
+    command = capsys.readouterr().err.strip().splitlines()[-1].split("resume with: ")[1]
+    assert command == "python mytask --resume run"
+    assert run_as_main(monkeypatch, shlex.split(command)[1:]) == 0
+    assert open("started.txt").read().split() == ["./mytask", "mytask"]
+    assert sorted(os.listdir("run")) == ["metrics.jsonl", "model"]
+
+
+@pytest.mark.parametrize("argv0, want", [("mytask", "mytask"), ("./mytask", "mytask"), ("sub/task.py", "sub/task.py"),
+                                         ("-c", None), ("", None)])
+def test_resume_command_is_the_script_as_it_ran_or_grpo_py(tmp_path, monkeypatch, argv0, want):
+    """resume_command in a process whose sys.argv[0] is a script file (with or without .py) names it, relative to
+    the working folder; one whose argv[0] is no file (python -c, an embedding) names grpo.py."""
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("sub")
+    for name in ("mytask", "sub/task.py"):
+        open(name, "w").write("")
+    monkeypatch.setattr(sys, "argv", [argv0])
+    monkeypatch.setattr(sys.modules["__main__"], "__spec__", None, raising=False)
+    script = want or os.path.relpath(grpo.__file__)
+    assert grpo.resume_command("run") == shlex.join(["python", script, "--resume", "run"])
+
 def test_second_ctrl_c_quits_at_once(tiny_dir, run_data, tmp_path):
     out = tmp_path / "run"
     proc, stderr = start_slow_run(run_flags(tiny_dir, run_data, out), tmp_path, step_sleep=30)
@@ -4055,6 +4194,92 @@ def test_kill_while_saving_leaves_the_previous_checkpoint(tiny_dir, run_data, re
     assert sorted(os.listdir(moved)) == COMPLETE and not os.path.exists(out)
 
 
+def assert_same_model_files(out, reference):
+    """Every file of OUT/model, byte for byte, is the reference run's: the weights, the configs and the tokenizer."""
+    assert sorted(os.listdir(out / "model")) == MODEL_FILES
+    assert folder_bytes(out / "model") == folder_bytes(reference / "model")
+
+
+def sigkill_in_step(argv, step):
+    """grpo.main(argv) in a fork of this process, SIGKILLed as its train step number `step` begins (a process that
+    dies leaves no handler, lock or cleanup behind); returns the fork's wait status."""
+    pid = os.fork()
+    if pid == 0:  # the fork: never returns into pytest
+        try:
+            real_step, calls = grpo.train_step, []
+
+            def step_killed(*args, **kwargs):
+                calls.append(1)
+                if len(calls) == step:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real_step(*args, **kwargs)
+            grpo.train_step = step_killed
+            grpo.main(argv)
+        finally:
+            os._exit(1)
+    return os.waitpid(pid, 0)[1]
+
+
+def test_sigkill_before_the_first_checkpoint_then_resume_starts_again_and_ends_as_the_uninterrupted_run(
+        tiny_dir, run_data, reference_run, tmp_path, handlers):
+    """--save-every 0 (a checkpoint only at the end): SIGKILL in step 3 leaves no checkpoint; --resume starts the run
+    again from step 0 in its folder, keeps the config line and the step-0 eval, and ends with the reference run's
+    metrics, rollouts and model/ files (the reference differs only in its config line's save_every, 2)."""
+    out = tmp_path / "run"
+    status = sigkill_in_step(run_flags(tiny_dir, run_data, out, "--save-every", "0"), 3)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "rollouts.jsonl"]
+    assert [(x["type"], x.get("step")) for x in comparable_metrics(out)] == [
+        ("config", None), ("eval", 0), ("train", 1), ("train", 2), ("eval", 2)]
+    kept = open(out / "metrics.jsonl").readlines()[:2]
+    grpo.main(["--resume", str(out)])  # returns: exit status 0
+    assert open(out / "metrics.jsonl").readlines()[:2] == kept
+    got, want = comparable_metrics(out), comparable_metrics(reference_run)
+    assert got[0] == {**want[0], "save_every": 0} and got[1:] == want[1:]
+    assert open(out / "rollouts.jsonl").read() == open(reference_run / "rollouts.jsonl").read()
+    assert sorted(os.listdir(out)) == COMPLETE
+    assert_same_model_files(out, reference_run)
+
+
+def test_resume_of_a_folder_with_only_its_config_line_runs_the_whole_run(reference_run, tmp_path, handlers):
+    """A run killed right after its config line was written (no eval, no checkpoint): --resume runs it from step 0
+    to the end, equal to the reference run whose config line it holds."""
+    out = tmp_path / "run"
+    os.makedirs(out)
+    (out / "metrics.jsonl").write_text(open(reference_run / "metrics.jsonl").readline())
+    grpo.main(["--resume", str(out)])
+    assert_same_run(out, reference_run)
+    assert sorted(os.listdir(out)) == COMPLETE
+    assert_same_model_files(out, reference_run)
+
+
+def test_resume_with_no_step_left_saves_a_tokenizer_that_pads_on_the_left(reference_run, tiny_dir, run_data,
+                                                                          tmp_path, monkeypatch, capsys, handlers):
+    """Killed as OUT/model is published after step 6's checkpoint: --resume has no step to run and saves the final
+    model from the checkpoint. AutoTokenizer.from_pretrained(OUT/model) pads a batch on the left (as generate needs
+    it), and every file of model/ is the uninterrupted reference run's."""
+    out, real_publish = tmp_path / "run", grpo.publish
+
+    def publish_killed(tmp, final):
+        if os.path.basename(final) == "model":
+            raise Killed
+        return real_publish(tmp, final)
+    monkeypatch.setattr(grpo, "publish", publish_killed)
+    with pytest.raises(Killed):
+        grpo.main(run_flags(tiny_dir, run_data, out))
+    monkeypatch.undo()
+    assert sorted(os.listdir(out)) == ["checkpoint-6", "metrics.jsonl", "model.tmp", "rollouts.jsonl"]
+    calls = []
+    monkeypatch.setattr(grpo, "train_step", lambda *args, **kwargs: calls.append(1))
+    grpo.main(["--resume", str(out)])
+    assert calls == [] and sorted(os.listdir(out)) == COMPLETE
+    from transformers import AutoTokenizer
+    batch = AutoTokenizer.from_pretrained(out / "model")(["1+2=", "3"], padding=True)
+    assert batch.attention_mask == [[1, 1, 1, 1], [0, 0, 0, 1]]
+    assert batch.input_ids[1][:3] == [0, 0, 0]  # the pad token: <eos>, id 0 (testing_utils)
+    assert_same_model_files(out, reference_run)
+
+
 def test_two_runs_with_the_same_seed_are_identical(tiny_dir, run_data, reference_run, tmp_path, handlers):
     """A second run after the reference in this process, the global RNGs moved on in between (runs in fresh
     processes, another hash seed: test_ctrl_c_on_the_cli_then_the_printed_command_resumes)."""
@@ -4087,6 +4312,63 @@ def test_resumed_args_refuses_what_cannot_resume_in_one_line(tiny_dir, run_data,
     assert_one_line_error(main_exit(capsys, ["--resume", str(reference_run), "--steps", "8"]), "not --steps")
     assert_one_line_error(main_exit(capsys, ["--resume", str(tmp_path / "nothing")]), str(tmp_path / "nothing"))
     assert folder_bytes(reference_run) == before
+
+
+def edit_line(path, n, edit):
+    """Line n (from 1) of a JSON-lines file replaced by edit(its object), or by the text edit gives."""
+    lines = open(path).read().splitlines(keepends=True)
+    new = edit(json.loads(lines[n - 1]))
+    lines[n - 1] = (new if isinstance(new, str) else json.dumps(new)) + "\n"
+    open(path, "w").write("".join(lines))
+
+
+def set_config(key, value):
+    return lambda out: edit_line(out / "metrics.jsonl", 1, lambda config: {**config, key: value})
+
+
+def set_state(key, value):
+    return lambda out: write_json(out / "checkpoint-3" / "state.json",
+                                  {**json.load(open(out / "checkpoint-3" / "state.json")), key: value})
+
+
+# A value no run writes, in the config line (a new run's flag would refuse it, or it reads back as another value),
+# in the checkpoint's state.json, or in a record kept on resume (the stopped run's metrics.jsonl: the config line,
+# eval 0, train 1, train 2, eval 2, train 3; rollouts.jsonl: steps 1 and 2). The words each error line holds,
+# OUT standing for the folder.
+CONFIG_LINE = "--resume OUT: the config line of OUT/metrics.jsonl"
+STATE = "--resume OUT: OUT/checkpoint-3 cannot be read"
+RESUME_DAMAGE = {
+    **{f"config-{key}={json.dumps(value)}": (set_config(key, value), (CONFIG_LINE, words)) for key, value, words in [
+        ("G", "2", "holds 'G': \"2\""), ("lr", None, "holds 'lr': null"), ("model", 5, "holds 'model': 5"),
+        ("steps", "6", "holds 'steps': \"6\""), ("batch_prompts", 0, "argument --batch-prompts"),
+        ("reward", "x", "argument --reward"), ("temperature", 0, "argument --temperature"), ("G", 1, "argument --G"),
+        ("algo", "bogus", "argument --algo"), ("dtype", "float16", "argument --dtype"),
+        ("steps", 0, "argument --steps")]},
+    **{f"state-{key}={json.dumps(value)}": (set_state(key, value),
+                                            (STATE, f"state.json's '{key}' holds {json.dumps(value)}"))
+       for key, value in [("step", "3"), ("step", 4), ("step", -1), ("nonfinite", None), ("nonfinite", -1),
+                          ("wall_s", "x"), ("wall_s", -1.0)]},
+    "train-step-string": (lambda out: edit_line(out / "metrics.jsonl", 3, lambda r: {**r, "step": "1"}),
+                          ("OUT/metrics.jsonl line 3: 'step' holds \"1\"",)),
+    "eval-without-right": (lambda out: edit_line(out / "metrics.jsonl", 2, lambda r: {**r, "right": None}),
+                           ("OUT/metrics.jsonl line 2: 'right' holds null",)),
+    "metrics-empty-object": (lambda out: edit_line(out / "metrics.jsonl", 4, lambda r: "{}"),
+                             ("OUT/metrics.jsonl line 4: 'type' holds null",)),
+    "rollouts-empty-object": (lambda out: edit_line(out / "rollouts.jsonl", 2, lambda r: "{}"),
+                              ("OUT/rollouts.jsonl line 2: 'step' holds null",)),
+}
+
+
+@pytest.mark.parametrize("damage, words", RESUME_DAMAGE.values(), ids=RESUME_DAMAGE.keys())
+def test_resume_of_a_damaged_config_line_state_or_record_is_one_line(stopped_run, tmp_path, capsys, damage, words):
+    """The stopped run with one value edited: --resume is one error line naming the file (the config line, the
+    checkpoint's state.json, the record's line) and the key or flag, and the folder is left as it was."""
+    out = copy_of(stopped_run, tmp_path / "run")
+    damage(out)
+    before = snapshot(out)
+    r = main_exit(capsys, ["--resume", str(out)])
+    assert_one_line_error(r, *(w.replace("OUT", str(out)) for w in words))
+    assert snapshot(out) == before
 
 
 def test_open_log_resume_keeps_the_rollouts_up_to_the_checkpoint(stopped_run, reference_run, tmp_path, handlers):
@@ -4220,11 +4502,13 @@ def test_publish_flushes_every_file_and_the_folder_before_the_rename_and_the_par
 #
 # One 6-step run is made uninterrupted (the reference). Then runs of the same flags are killed with SIGKILL at chosen
 # points inside the saves and at random times, and resumed (again and again, each resume killed at a later point) to
-# the end; a kill before the first checkpoint leaves nothing to resume, so a new run starts in a new folder. After
-# every kill: OUT/model is absent or the reference's final weights; every checkpoint-N in it is whole (a kill while
-# one is removed must not leave it in part under its own name). At the end: metrics, rollouts and final weights equal
-# the reference's bit for bit; the folder holds what the reference's holds and a user's files put in it (a kill after
-# the final model is published may also leave the last checkpoint, whole or as a .tmp). A process that imports torch
+# the end; a kill before the first checkpoint is resumed too (the run starts again from step 0 in its folder), and
+# only a kill before the config line is written leaves nothing to resume (a new run starts in a new folder). After
+# every kill: OUT/model is absent or the reference's final model, every file byte for byte; every checkpoint-N in it
+# is whole (a kill while one is removed must not leave it in part under its own name). At the end: metrics, rollouts
+# and every file of model/ equal the reference's bit for bit; the folder holds what the reference's holds and a
+# user's files put in it (a kill after the final model is published may also leave the last checkpoint, whole or as
+# a .tmp). A process that imports torch
 # and transformers takes seconds to start, so the runs are forks of one server process that has imported them; each
 # fork runs grpo.main(argv) (with the kill armed) or grpo.py as __main__ (a plain `python grpo.py ...`), and dies or
 # exits as a process does.
@@ -4393,17 +4677,18 @@ def assert_whole_checkpoint(folder, whole):
         assert json.load(f)["step"] == int(os.path.basename(folder)[11:])
 
 
-def what_is_left(out, reference_weights, whole):
+def what_is_left(out, reference_model, whole):
     """Check what a kill left in `out`; return (a description of it, the step of its latest checkpoint or None).
-    OUT/model is the reference's final model or absent; every checkpoint-N is whole, older ones included (a kill
-    while one is removed leaves it under a .tmp name, which --resume clears)."""
+    OUT/model is absent or the reference's final model (`reference_model`: its files' bytes), tokenizer included;
+    every checkpoint-N is whole, older ones included (a kill while one is removed leaves it under a .tmp name, which
+    --resume clears)."""
     if not os.path.isdir(out):
         return "no folder", None
     parts, latest = [], grpo.latest_checkpoint(out)
     for name in sorted(os.listdir(out)):
         path = os.path.join(out, name)
         if name == "model":
-            assert same_weights(weights(path), reference_weights), f"{path} is not the reference's final model"
+            assert folder_bytes(path) == reference_model, f"{path} is not the reference's final model, file for file"
             parts.append("model (the final one)")
         elif re.fullmatch(r"checkpoint-[0-9]+", name):
             assert_whole_checkpoint(path, whole)
@@ -4435,15 +4720,17 @@ def kill_reference(tiny_dir, kill_data, tmp_path_factory):
 
 # (process, kill point, the latest checkpoint the kill leaves); "new" starts a run in a new folder, "resume" resumes
 # the folder of the row before. First a whole run killed in its last act (removing its last checkpoint once the
-# final model is published), then kills before the first checkpoint; then one folder is killed 11 times on its way
-# to the end, each resume killed at a later point, the last one after the final model is published.
+# final model is published), then one killed before its config line is published (nothing to resume); then one
+# folder is killed 14 times on its way to the end, each resume killed at a later point: three times before its first
+# checkpoint (resumed from step 0), the last three after its last checkpoint (resumed with no step left, the final
+# model saved from the checkpoint), the very last after the final model is published.
 KILL_POINTS = [
     ("new", {"at": "remove", "name": "checkpoint-6"}, None),  # finish, after model/: a complete run
     ("new", {"at": "publish", "name": "metrics.jsonl", "when": "before the rename"}, None),
     ("new", {"at": "publish", "name": "rollouts.jsonl", "when": "after the rename"}, None),
-    ("new", {"at": "save_pretrained", "name": "checkpoint-2.tmp"}, None),
-    ("new", {"at": "publish", "name": "checkpoint-2", "when": "before the rename"}, None),
-    ("new", {"at": "publish", "name": "checkpoint-2", "when": "after the rename"}, 2),
+    ("resume", {"at": "save_pretrained", "name": "checkpoint-2.tmp"}, None),
+    ("resume", {"at": "publish", "name": "checkpoint-2", "when": "before the rename"}, None),
+    ("resume", {"at": "publish", "name": "checkpoint-2", "when": "after the rename"}, 2),
     ("resume", {"at": "publish", "name": "metrics.jsonl", "when": "before the rename"}, 2),
     ("resume", {"at": "publish", "name": "rollouts.jsonl", "when": "after the rename"}, 2),
     ("resume", {"at": "save_pretrained", "name": "checkpoint-4.tmp"}, 2),
@@ -4472,7 +4759,7 @@ KEPT = {"notes.tmp": b"mine\n", "checkpoint-best/keep.txt": b"keep"}
 
 def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_dir, kill_data, kill_reference,
                                                                         tmp_path):
-    reference_weights = weights(kill_reference / "model")
+    reference_model = folder_bytes(kill_reference / "model")
     train = [r for r in comparable_metrics(kill_reference) if r["type"] == "train"]
     # a real test case: a group with mixed rewards at step 1, so the weights move from the first step on
     assert [r["step"] for r in train] == [1, 2, 3, 4, 5, 6]
@@ -4489,14 +4776,15 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
         argv = [*flags, "--out", str(out)] if process == "new" else ["--resume", str(out)]
         status, log, seconds = server.run(argv, kill, kill_after)
         assert status in (0, -signal.SIGKILL), log[-3000:]
-        left, latest = what_is_left(out, reference_weights, whole)
+        left, latest = what_is_left(out, reference_model, whole)
         if status and os.path.isdir(out / "model"):
             finished_by_kill.add(out)
         return out, status, left, latest, seconds
 
-    def resumable(out, latest):
-        """What a user can do next with the folder a kill left: resume it, or start a new run (one-line errors)."""
-        if latest is None or os.path.isdir(out / "model"):
+    def resumable(out):
+        """What a user can do next with the folder a kill left: resume it (from its checkpoint, or from step 0 if it
+        has none yet), or, with no config line in it or a final model, start a new run (one-line errors)."""
+        if not grpo.read_records(os.path.join(out, "metrics.jsonl")) or os.path.isdir(out / "model"):
             try:
                 with pytest.raises(grpo.ConfigError):
                     grpo.get_args(["--resume", str(out)])
@@ -4526,16 +4814,16 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
             assert status == -signal.SIGKILL, f"{describe_kill(kill)}: the kill point was never reached"
             assert latest == expected, (describe_kill(kill), left)
             rows.append((f"{process} {os.path.basename(out)}", describe_kill(kill), left,
-                         "resume" if resumable(out, latest) else
+                         "resume" if resumable(out) else
                          "complete" if os.path.isdir(out / "model") else "new run"))
         assert os.path.isdir(folders[-1] / "model") and folders[-1] in kept
         deterministic = folders[-1]
-        # kills at random times over a whole run's duration; a folder left without a checkpoint is given up
+        # kills at random times over a whole run's duration; a folder left without a config line is given up
         rng, going = random.Random(2026), None
         for _ in range(RANDOM_KILLS):
             after, process = rng.uniform(0, duration), "resume" if going else "new"
             out, status, left, latest, _ = life(process, kill_after=after)
-            going = out if resumable(out, latest) else None
+            going = out if resumable(out) else None
             rows.append((f"{process} {out.name}", f"at {after:.2f} s",
                          left if status else f"(ended before the kill) {left}",
                          "resume" if going else "complete" if os.path.isdir(out / "model") else "new run"))
@@ -4547,10 +4835,11 @@ def test_sigkill_at_any_moment_then_resume_ends_as_the_uninterrupted_run(tiny_di
         server.close()
     completed = [out for out in folders if os.path.isdir(out / "model")]
     assert deterministic in completed and folders[0] in finished_by_kill
-    # every folder a kill left with a checkpoint was resumed to its end; the others were given up
-    assert all(out in completed or grpo.latest_checkpoint(out) is None for out in folders if out.exists())
+    # every folder a kill left with a config line was resumed to its end; the others were given up
+    assert all(out in completed or not grpo.read_records(out / "metrics.jsonl") for out in folders if out.exists())
     for out in completed:
         assert_same_run(out, kill_reference)
+        assert folder_bytes(out / "model") == reference_model, out
         users = {name.split("/")[0] for name in KEPT} if out in kept else set()
         names = set(os.listdir(out))
         assert names >= {"metrics.jsonl", "model", "rollouts.jsonl"} | users, out
@@ -4819,6 +5108,22 @@ def test_claim_out_numbers_the_default_folder_and_skips_taken_names(tmp_path, mo
     assert open("runs/drgrpo-3/notes.txt").read() == "mine\n"
     assert "the run's folder: runs/drgrpo-4\n" in capsys.readouterr().err
 
+
+@pytest.mark.parametrize("out", ["a/b/c", "mine/b/c", None], ids=["three-made", "in-the-users-folder", "default"])
+def test_main_an_error_after_the_folder_is_made_removes_it_and_the_parents_it_made(
+        tiny_dir, data_dir, tmp_path, monkeypatch, capsys, out):
+    """An error once the run's folder is made (open_log's, as a --wandb without a key gives): the folder and every
+    parent the run made are removed again (without --out: runs/ too); a folder that was there before stays."""
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("mine")
+
+    def refused(*args):
+        raise grpo.ConfigError("refused after the folder was made")
+    monkeypatch.setattr(grpo, "open_log", refused)
+    r = main_exit(capsys, small_flags(tiny_dir, data_dir, "--steps", "1", *(["--out", out] if out else [])))
+    assert_one_line_error(r, "refused after the folder was made")
+    assert f"the run's folder: {out or os.path.join('runs', 'grpo')}\n" in r.stderr  # it was made
+    assert os.listdir(tmp_path) == ["mine"] and os.listdir("mine") == []
 
 def test_out_naming_a_folder_with_files_is_refused_and_left_alone(tiny_dir, data_dir, tmp_path, capsys):
     full = tmp_path / "full"
@@ -5135,13 +5440,55 @@ def test_evaluate_reports_progress_per_batch_and_token(batch_size, K, before):
         f"sampled {n}/7 questions, token {t}/16" for n in before for t in range(1, 15)]
 
 
+# What torchrun --nproc_per_node=2 sets in its first process.
+TORCHRUN_RANK_0 = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                   "MASTER_PORT": "29500"}
+
+
 def test_check_args_batch_not_divisible_by_ranks(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
-    for name, value in {**TORCHRUN_ENV, "RANK": "0"}.items():  # torchrun --nproc_per_node=2's; checked before joining
+    for name, value in TORCHRUN_RANK_0.items():  # checked before joining any group
         monkeypatch.setenv(name, value)
     flags = ["--model", tiny_dir, "--dataset", data_dir, "--out", str(tmp_path / "run"), "--G", "4"]
     assert_one_line_error(main_exit(capsys, flags + ["--batch-prompts", "3"]), "--batch-prompts 3", "2 processes")
     assert not (tmp_path / "run").exists()
 
+
+
+@pytest.mark.parametrize("env, words", [
+    ({"WORLD_SIZE": "abc"}, "WORLD_SIZE='abc' is not a number of processes"),
+    ({"WORLD_SIZE": "0"}, "WORLD_SIZE='0' is not a number of processes"),
+    ({"WORLD_SIZE": "2"}, "WORLD_SIZE=2 without RANK"),
+    ({"WORLD_SIZE": "2", "RANK": "0"}, "WORLD_SIZE=2 without LOCAL_RANK"),
+    ({**TORCHRUN_RANK_0, "MASTER_PORT": None}, "WORLD_SIZE=2 without MASTER_PORT"),
+], ids=["not-a-number", "zero", "no-rank", "no-local-rank", "no-master-port"])
+def test_env_rank_and_world_outside_torchrun_is_one_line(tiny_dir, data_dir, tmp_path, capsys, monkeypatch, env,
+                                                         words):
+    """WORLD_SIZE that is no number of processes, or one above 1 without the other variables torchrun sets (as a
+    shell that exported it would run python grpo.py): one line naming the variable, exit 2, nothing made."""
+    for name in ("WORLD_SIZE", *TORCHRUN_RANK_0):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    r = main_exit(capsys, small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(tmp_path / "run")))
+    assert_one_line_error(r, words, "torchrun")
+    assert not (tmp_path / "run").exists()
+
+
+def test_lock_outside_torchrun_rank_is_0_whatever_rank_says(stopped_run, tmp_path):
+    """`RANK=1 python grpo.py --resume OUT` (no WORLD_SIZE: not under torchrun) is rank 0: it takes the folder's lock,
+    so while another process holds it (a run still going) it is refused with one line, the folder left as it was."""
+    out = copy_of(stopped_run, tmp_path / "run")
+    fd = os.open(out, os.O_RDONLY)  # the live run's lock, as grpo.lock takes it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_RANK_0} | ONE_THREAD | {"RANK": "1"}
+        r = subprocess.run([sys.executable, os.path.join(HERE, "grpo.py"), "--resume", str(out)], capture_output=True,
+                           text=True, timeout=600, env=env)
+    finally:
+        os.close(fd)
+    assert_one_line_error(r, f"{out} {IN_USE}")
+    assert folder_bytes(out) == stopped_run.files
 
 # --micro-batch left at its default of 8, more than the 4 sequences of a rank: all of them in one pass. Sampled
 # evaluation answers (--eval-samples 3) at the training temperature exercise the per-rank evaluation draws.
