@@ -1263,6 +1263,22 @@ def test_grpo_loss_clipped_tokens_get_zero_gradient():
     assert stats["clip_frac"] == pytest.approx(4 / 12)
 
 
+def test_grpo_loss_clip_frac_by_hand_counts_no_zero_advantage_token():
+    """clip_frac by hand, as TRL's is_region_clipped counts it: a token is clipped above 1 + eps only with a positive
+    advantage and below 1 - eps only with a negative one; a zero-advantage token is never clipped, whatever its
+    ratio, and a masked token never counts. Here 3 of the 11 tokens."""
+    ratio = torch.tensor([[1.5, 0.5, 1.0, 2.0],   # adv 0: out of range twice, clipped never
+                          [1.5, 0.5, 1.1, 2.0],   # adv 1: 1.5 clipped; the 2.0 is masked out
+                          [1.5, 0.5, 0.9, 0.1]])  # adv -1: 0.5 and 0.1 clipped
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
+    logp = torch.log(ratio).requires_grad_()
+    loss, stats = grpo.grpo_loss(logp, torch.zeros(3, 4), None, torch.tensor([0.0, 1.0, -1.0]), mask, 3,
+                                 clip_eps=0.2, beta=0.0)
+    assert stats["clip_frac"] == pytest.approx(3 / 11)
+    loss.backward()
+    assert (logp.grad[0] == 0).all()  # no advantage, no gradient: nothing for the clip to cut
+
+
 def loss_by_loop(logp, old_logp, ref_logp, adv, mask, clip_eps, beta, loss_agg, n_seqs, n_tokens, max_new_tokens,
                  kl_ratio_correction=False):
     """The loss as grpo.py's module docstring writes it, one token at a time, with no grpo function: this batch's
@@ -1488,9 +1504,12 @@ def test_train_step_mu_passes_equal_the_loop_loss_against_the_sampling_logprobs(
             passes.append((clipped, (plain - old_logp)[mask.bool()].abs().max().item()))
             return super().step(closure)
     cfg = grpo.StepConfig(mu=3, micro_batch=3, clip_eps=0.05, beta=0.1, max_new_tokens=10, max_grad_norm=math.inf)
-    grpo.train_step(model, ref, CheckedSGD(model.parameters(), lr=0.5), batch, adv, cfg)
+    stats = grpo.train_step(model, ref, CheckedSGD(model.parameters(), lr=0.5), batch, adv, cfg)
     assert passes[0] == (0, 0.0)  # pass 1: the sampling weights themselves
     assert len(passes) == 3 and all(clipped > 0 and gap > 0.05 for clipped, gap in passes[1:])
+    # the sampler's log-probs against pi_old, the weights that sampled, not the weights of the last pass
+    gap = (batch["sampler_logp"] - old_logp).abs()[mask.bool()]
+    assert stats["sampler_logp_gap"] == pytest.approx(gap.mean().item(), abs=1e-7) and stats["sampler_logp_gap"] < 1e-5
 
 
 def test_train_step_mu_passes_reuse_the_first_passes_logprobs(tiny, monkeypatch):
@@ -1516,9 +1535,16 @@ def test_train_step_mu_passes_reuse_the_first_passes_logprobs(tiny, monkeypatch)
     assert all(torch.equal(old, first[k % 2]) and not torch.equal(old, logp)
                for k, (old, logp, _) in enumerate(seen[2:]))
     assert seen[0][2] == seen[1][2] == 0.0 and seen[-1][2] > 0.0
-    clip = [(seen[k][2] * batch["completion_mask"][:4].sum() + seen[k + 1][2] * batch["completion_mask"][4:].sum())
-            / batch["completion_mask"].sum() for k in (0, 2, 4)]  # each pass's, token-weighted over micro-batches
-    assert stats["clip_frac"] == pytest.approx(sum(clip).item() / 3)
+    # each pass's clipped tokens counted by hand (loss_by_loop), over both micro-batches; then the passes' mean
+    mask = batch["completion_mask"]
+    clipped = [loss_by_loop(torch.cat([seen[k][1], seen[k + 1][1]]), torch.cat([seen[k][0], seen[k + 1][0]]),
+                            torch.zeros_like(mask), adv, mask, 0.01, 0.0, "seq", 8, 1, 10)[1] for k in (0, 2, 4)]
+    assert clipped[0] == 0 and clipped[2] > 0
+    assert stats["clip_frac"] == pytest.approx(sum(clipped) / 3 / mask.sum().item())
+    # the zero-advantage answers have tokens out of the clip range, which must not count
+    ratio = torch.exp(torch.cat([seen[4][1], seen[5][1]]) - torch.cat([seen[4][0], seen[5][0]]))
+    assert ((ratio[adv == 0] > 1.01) & mask[adv == 0].bool()).any()
+    assert stats["sampler_logp_gap_max"] < 1e-5  # against pi_old: the weights have moved since
 
 
 @pytest.mark.parametrize("loss_agg", ["seq", "token", "const"])
@@ -1658,6 +1684,116 @@ def test_train_step_loss_takes_the_samplers_temperature(tiny):
     other, _ = step_grads(model, ref, {**batch, "temperature": 1.0}, adv, beta=0.1, micro_batch=3)
     model.zero_grad()
     assert other["sampler_logp_gap"] > 0.01 and abs(other["loss"] - stats["loss"]) > 1e-4
+
+
+def test_train_step_sampler_logp_gap_at_mu_3_is_against_pi_old(tiny):
+    """mu = 3 AdamW updates at lr 1e-2 move the weights, and the gap stays that of the weights that sampled: ~0 in
+    fp32 (the mean |sampler_logp - plain_logprobs| of the sampling weights), while the last pass's log-probs are
+    0.01 nats and more away from the sampler's."""
+    model, tokenizer = tiny
+    model = copy.deepcopy(model)
+    batch = sampled_batch(model, tokenizer, seed=0)
+    mask = batch["completion_mask"].bool()
+    with torch.no_grad():
+        want = (batch["sampler_logp"] - plain_logprobs(model, batch, 1.0)).abs()[mask]
+    stats = grpo.train_step(model, None, torch.optim.AdamW(model.parameters(), lr=1e-2), batch,
+                            torch.tensor([1.0, -1.0] * 4), grpo.StepConfig(mu=3, beta=0.0, max_new_tokens=10))
+    assert stats["sampler_logp_gap"] == pytest.approx(want.mean().item(), abs=1e-7)
+    assert stats["sampler_logp_gap_max"] < 1e-5
+    with torch.no_grad():
+        assert (batch["sampler_logp"] - plain_logprobs(model, batch, 1.0)).abs()[mask].mean() > 0.01
+
+
+def set_grad_hook(param, value):
+    """A hook that replaces param's gradient: math.inf (an infinite norm) or nan_to_num (a finite one)."""
+    if value == "finite":
+        return param.register_hook(lambda g: torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0))
+    return param.register_hook(lambda g: torch.full_like(g, value))
+
+
+@pytest.mark.parametrize("loss_finite", [True, False])
+@pytest.mark.parametrize("norm_finite", [True, False])
+def test_train_step_skips_unless_loss_and_grad_norm_are_both_finite(tiny, loss_finite, norm_finite):
+    """The skip rule at its four cases (train_step's docstring: a NaN or inf loss or gradient norm skips): only a
+    finite loss with a finite gradient norm steps. A NaN advantage makes the loss NaN; gradient hooks make the norm
+    inf or keep it finite. A skipped step leaves the weights and AdamW's state alone, and the next finite step takes
+    AdamW's first step."""
+    model, tokenizer = tiny
+    model = copy.deepcopy(model)
+    batch = sampled_batch(model, tokenizer, seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cfg = grpo.StepConfig(beta=0.0, max_new_tokens=10)
+    adv = torch.tensor([1.0, -1.0] * 4 if loss_finite else [math.nan] * 8)
+    params = list(model.parameters())
+    hooks = [set_grad_hook(params[0], math.inf)] if not norm_finite else [
+        set_grad_hook(p, "finite") for p in params] if not loss_finite else []
+    before = [p.detach().clone() for p in params]
+    stats = grpo.train_step(model, None, opt, batch, adv, cfg)
+    for h in hooks:
+        h.remove()
+    assert math.isfinite(stats["loss"]) == loss_finite and math.isfinite(stats["grad_norm"]) == norm_finite
+    steps = loss_finite and norm_finite
+    assert stats["update_skipped"] == (not steps)
+    assert all(torch.equal(p, b) for p, b in zip(params, before)) == (not steps)
+    if not steps:
+        assert opt.state == {} and all(p.grad is None for p in params)
+        stats = grpo.train_step(model, None, opt, batch, torch.tensor([1.0, -1.0] * 4), cfg)
+        assert not stats["update_skipped"] and math.isfinite(stats["grad_norm"])
+        assert all(torch.isfinite(p).all() for p in params) and not torch.equal(params[0], before[0])
+    assert {s["step"].item() for s in opt.state.values()} == {1.0}
+
+
+def test_train_step_clips_the_gradient_to_norm_1_by_default(tiny):
+    """StepConfig's default clip is at 1.0 (bench/README.md: grpo.py clips at 1.0, as TRL and verl): with advantages
+    of 1000 the raw gradient norm is far above 10, grad_norm reports it, and the gradient left for the optimizer has
+    norm 1.0, the raw gradient scaled."""
+    model, tokenizer = tiny
+    batch = sampled_batch(model, tokenizer, seed=4)
+    adv = 1000 * torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.3, -2.0, -0.3])
+    _, raw = step_grads(model, None, batch, adv)
+    raw_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in raw])).item()
+    assert raw_norm > 10
+    stats = grpo.train_step(model, None, torch.optim.SGD(model.parameters(), lr=0.0), batch, adv,
+                            grpo.StepConfig(**LOSS))
+    got = grads(model)
+    model.zero_grad()
+    assert stats["grad_norm"] == pytest.approx(raw_norm, rel=1e-5)
+    for g, r in zip(got, raw):
+        torch.testing.assert_close(g, r / raw_norm, atol=1e-8, rtol=1e-4)
+
+
+@pytest.fixture(scope="module", params=[0.0, 0.1])
+def checkpointed_llama(request, tmp_path_factory):
+    """A tiny llama (attention dropout 0 or 0.1 in its config) loaded with gradient checkpointing, and the same
+    weights loaded without it; a batch sampled from them at T = 0.7."""
+    path = make_tiny_model(tmp_path_factory.mktemp("llama"), arch="llama", dropout=request.param)
+    model, tokenizer = grpo.load_model(path, torch.device("cpu"), grad_checkpointing=True)
+    plain, _ = grpo.load_model(path, torch.device("cpu"))
+    return model, plain, tokenizer, sampled_batch(model, tokenizer, seed=2, temperature=0.7)
+
+
+def test_train_step_with_grad_checkpointing_equals_the_loop_loss_on_whole_rows(checkpointed_llama):
+    """Gradient checkpointing runs the passes in train mode, where transformers keeps no KV cache: train_step's loss
+    and gradient equal loss_by_loop on plain_logprobs (each row's prompt and answer in one plain pass) of the same
+    weights without checkpointing, and pi_old is the sampler's distribution (gap ~0), with attention dropout in the
+    config too (prepare_model zeroes it)."""
+    model, plain, tokenizer, batch = checkpointed_llama
+    ref = moved(plain, 0.05)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.3, -2.0, -0.3])
+    mask = batch["completion_mask"]
+    plain.zero_grad()
+    logp = plain_logprobs(plain, batch, 0.7)
+    with torch.no_grad():
+        ref_logp = plain_logprobs(ref, batch, 0.7)
+    want, _, _ = loss_by_loop(logp, logp.detach(), ref_logp, adv, mask, 0.2, 0.1, "seq", 8, mask.sum().item(), 10)
+    want.backward()
+    stats, got = step_grads(model, ref, batch, adv, beta=0.1, micro_batch=3, grad_checkpointing=True)
+    model.zero_grad()
+    assert not model.training  # train_step puts the policy back in eval mode
+    assert stats["loss"] == pytest.approx(want.item(), rel=1e-5, abs=1e-7)
+    assert stats["sampler_logp_gap_max"] < 1e-5
+    for g, w in zip(got, grads(plain)):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
 
 
 # ------------------------------------------------------------------ the loss and advantages against TRL's GRPOTrainer
