@@ -508,6 +508,40 @@ def test_generate_takes_the_temperature_by_name_only(tiny):
         grpo.generate(model, tokenizer, ["q?"], 2, 1.0)
 
 
+def test_generate_a_chat_template_that_writes_the_bos_gets_it_once(tmp_path):
+    """A tokenizer that adds <bos> to every text and a chat template that writes it too (as Llama 3's and Gemma's):
+    each prompt generate feeds is what apply_chat_template(tokenize=True) gives, with exactly one <bos>, first after
+    the left padding."""
+    model, tokenizer = grpo.load_model(make_tiny_model(tmp_path, bos=True), torch.device("cpu"))
+    messages = [[{"role": "user", "content": q}] for q in ("what is 1 + 2?", "what is 10 + 20 + 30?")]
+    prompts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
+    assert all(p.startswith(tokenizer.bos_token) for p in prompts)
+    batch = grpo.generate(model, tokenizer, prompts, 4, temperature=1.0, G=2,
+                          generator=torch.Generator().manual_seed(0))
+    for i, m in enumerate(messages):
+        want = tokenizer.apply_chat_template(m, add_generation_prompt=True)
+        got = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
+        assert got == getattr(want, "input_ids", want)
+        assert got[0] == tokenizer.bos_token_id and got.count(tokenizer.bos_token_id) == 1
+
+
+def test_train_feeds_a_bos_writing_chat_templates_prompts_with_one_bos(tmp_path, monkeypatch, capsys, data_dir):
+    """A run of a model whose chat template writes the <bos> its tokenizer also adds: every prompt of training and
+    evaluation reaches the model with one <bos>, first after the left padding."""
+    model_dir = make_tiny_model(tmp_path / "m", bos=True)
+    bos = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))["bos_token"]
+    bos_id = json.load(open(os.path.join(model_dir, "tokenizer.json")))["model"]["vocab"][bos]
+    seen, real = [], grpo.prompt_pass
+
+    def prompt_pass(model, prompt_ids, prompt_mask, group):
+        seen.extend(ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask))
+        return real(model, prompt_ids, prompt_mask, group)
+    monkeypatch.setattr(grpo, "prompt_pass", prompt_pass)
+    grpo.main(small_flags(model_dir, data_dir, "--steps", "1", "--eval-n", "2", "--out", str(tmp_path / "run")))
+    assert len(seen) >= 5  # step 1's prompt, its loss and reference passes, two evaluations of 2 questions
+    assert all(ids[0] == bos_id and ids.count(bos_id) == 1 for ids in seen), [ids[:3] for ids in seen]
+
+
 def test_seeded_generator_draws_follow_their_keys():
     """The same keys give the same draws (a resumed run's); another seed, step or rank, or eval's keys, others; and
     among evaluation keys each of seed, step and rank changes the draws too (each rank evaluates with its own)."""
@@ -635,6 +669,47 @@ def test_prepare_model_turns_dropout_off(tmp_path):
     assert not torch.equal(logp(), logp())
     grpo.prepare_model(model, tokenizer)
     assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    model.train()
+    a, b = logp(), logp()
+    model.eval()
+    assert torch.equal(a, b) and torch.allclose(a, logp(), atol=1e-6)
+
+
+def test_make_optimizer_is_adamw_without_weight_decay_by_hand(tiny):
+    """make_optimizer's docstring: AdamW, constant lr, no weight decay. Its one group has weight_decay 0; a step on a
+    zero gradient leaves every weight as it was (decay 0.01 would shrink each by lr * 0.01), and the first step on a
+    gradient g moves each weight by lr * g / (|g| + 1e-8), Adam's bias-corrected first step by hand."""
+    model = copy.deepcopy(tiny[0])
+    optimizer = grpo.make_optimizer(model, lr=0.1)
+    assert isinstance(optimizer, torch.optim.AdamW) and len(optimizer.param_groups) == 1
+    assert optimizer.param_groups[0]["weight_decay"] == 0 and optimizer.param_groups[0]["lr"] == 0.1
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    optimizer = grpo.make_optimizer(model, lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen)
+    optimizer.step()
+    for p, b in zip(model.parameters(), before):
+        torch.testing.assert_close(p.detach(), b - 0.1 * p.grad / (p.grad.abs() + 1e-8), atol=1e-6, rtol=0)
+
+
+def test_prepare_model_zeroes_a_llamas_attention_dropout(tmp_path):
+    """A llama saved with attention_dropout 0.1 (a float on each attention module, not an nn.Dropout): in train mode
+    two passes over the same tokens disagree; after prepare_model each attention module's attention_dropout is 0.0
+    and the two passes agree, with each other and with eval mode."""
+    model, tokenizer = unprepared(make_tiny_model(tmp_path / "m", arch="llama", dropout=0.1))
+    attention = [m for m in model.modules() if isinstance(getattr(m, "attention_dropout", None), float)]
+    assert len(attention) == 2 and all(m.attention_dropout == 0.1 for m in attention)
+    batch = make_batch(tokenizer, ["question: 2 + 2?\nanswer:"], [" 4 #### 4"])
+    logp = lambda: grpo.completion_logprobs(model, batch, whole_rows=True)[0]  # noqa: E731
+    model.train()
+    assert not torch.equal(logp(), logp())
+    grpo.prepare_model(model, tokenizer)
+    assert [m.attention_dropout for m in attention] == [0.0, 0.0]
     model.train()
     a, b = logp(), logp()
     model.eval()
@@ -2805,6 +2880,52 @@ def test_train_rewards_each_answer_against_its_own_question(tiny_dir, tmp_path, 
     want_acc = sum(right(f"what is {a} + {b}?", 0)[0] for a, b in pairs[:5]) / 5  # answer 0 to each test question
     assert [(x["acc_lenient"], x["acc_strict"]) for x in evals] == [(pytest.approx(want_acc),) * 2] * 2
     assert 0 < want_acc < 1
+
+
+def test_train_without_a_signal_leaves_the_weights_as_they_were(tiny_dir, data_dir, tmp_path):
+    """--beta 0 and a strict reward the random tiny model never earns: every advantage is 0, so every gradient is 0
+    and AdamW without weight decay (make_optimizer's docstring) moves no weight; decay would shrink them all."""
+    out = tmp_path / "run"
+    grpo.main(small_flags(tiny_dir, data_dir, "--steps", "2", "--beta", "0", "--reward", "strict", "--lr", "0.01",
+                          "--out", str(out)))
+    train = [x for x in comparable_metrics(out) if x["type"] == "train"]
+    assert [(x["reward_mean"], x["grad_norm"], x["update_skipped"]) for x in train] == [(0.0, 0.0, False)] * 2
+    from transformers import AutoModelForCausalLM
+    start = AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict()
+    assert all(torch.equal(start[k], v) for k, v in final_weights(out).items())
+
+
+def test_train_clips_each_update_to_norm_1(tiny_dir, data_dir, tmp_path, monkeypatch):
+    """A run whose advantages are +-1000: the logged grad_norm (before clipping) is far above 10, and the gradient
+    AdamW steps on has norm 1.0, the README's and TRL's max_grad_norm."""
+    monkeypatch.setattr(grpo, "group_advantages", lambda rewards, G, *a, **k: 1000 * (torch.arange(len(rewards)) % 2
+                                                                                       * 2 - 1.0))
+    norms, real = [], grpo.make_optimizer
+
+    def make_optimizer(model, lr):
+        optimizer = real(model, lr)
+        step = optimizer.step
+        optimizer.step = lambda *a, **k: norms.append(torch.linalg.vector_norm(torch.stack(
+            [p.grad.norm() for p in model.parameters() if p.grad is not None])).item()) or step(*a, **k)
+        return optimizer
+    monkeypatch.setattr(grpo, "make_optimizer", make_optimizer)
+    out = tmp_path / "run"
+    grpo.main(small_flags(tiny_dir, data_dir, "--steps", "2", "--out", str(out)))
+    assert [x["grad_norm"] > 10 for x in comparable_metrics(out) if x["type"] == "train"] == [True, True]
+    assert norms == pytest.approx([1.0, 1.0], rel=1e-5)
+
+
+def test_train_with_grad_checkpointing_on_a_llama_keeps_the_prompt(tmp_path, data_dir):
+    """--grad-checkpointing on a tiny llama: the loss's pi_old is the sampler's distribution (sampler_logp_gap ~0,
+    as without checkpointing), which it is only if each answer's log-probs see its prompt."""
+    model_dir = make_tiny_model(tmp_path / "m", arch="llama")
+    gaps = {}
+    for flag in ([], ["--grad-checkpointing"]):
+        out = tmp_path / f"run{len(flag)}"
+        grpo.main(small_flags(model_dir, data_dir, "--steps", "2", "--G", "4", "--max-new-tokens", "6", *flag,
+                              "--out", str(out)))
+        gaps[bool(flag)] = [x["sampler_logp_gap_max"] for x in comparable_metrics(out) if x["type"] == "train"]
+    assert all(g < 1e-5 for g in gaps[True] + gaps[False]), gaps
 
 
 # ------------------------------------------------------------------ a task of your own: rows, reward, instruction
