@@ -2760,6 +2760,26 @@ def test_start_wandb_offline_history_holds_every_metric(tiny_dir, data_dir, tmp_
             assert history[line["step"]][f"{line['type']}/{key}"] == pytest.approx(line[key]), (line["step"], key)
 
 
+def test_start_wandb_offline_a_resume_writes_to_the_same_run(tiny_dir, data_dir, tmp_path, monkeypatch, capsys,
+                                                             handlers):
+    """--wandb with WANDB_MODE=offline, stopped in step 1 and resumed: both parts write the run of one id
+    (OUT/wandb/offline-run-TIME-ID, run-ID.wandb), the id the checkpoint keeps, so a sync uploads one run."""
+    pytest.importorskip("wandb", reason=WANDB_REASON)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    flags = small_flags(tiny_dir, data_dir, "--steps", "2", "--wandb", "grpo-test", "--out", str(out))
+    with monkeypatch.context() as mp:
+        stop_in_step(mp, 1)
+        r = main_exit(capsys, flags)
+        assert r.returncode == 128 + signal.SIGTERM, r.stderr[-2000:]
+    first_id = checkpoint_state(out)["wandb_id"]
+    grpo.main(["--resume", str(out)])
+    folders = sorted(out.glob("wandb/offline-run-*"))
+    assert len(folders) == 2 and {f.name.rsplit("-", 1)[1] for f in folders} == {first_id}
+    assert [f.name for f in folders[1].glob("run-*.wandb")] == [f"run-{first_id}.wandb"]
+
+
 def test_start_wandb_without_an_api_key_is_one_line(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
     """--wandb online with no key anywhere (no WANDB_API_KEY, a home of its own without a netrc): one line naming
     --wandb and the ways on; the folder the run made is removed again (a folder the user made empty is kept, empty),
@@ -3493,7 +3513,9 @@ def test_get_args_one_setting_line_per_job(monkeypatch, capsys):
 
 def test_resumed_args_keep_the_setting_of_the_config_line(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
     """A run of the small setting with a model of its own, stopped after step 1 and resumed where auto would take
-    full: the resumed run keeps its setting and every value (the config line is rewritten with the same values)."""
+    full: the resumed run keeps its setting and every value (the config line is rewritten with the same values),
+    but the device --resume is given: the config line says cuda (the run started on a GPU), the resume runs on the
+    CPU."""
     machine(monkeypatch, cuda=False)
     out = tmp_path / "run"
     stop_in_step(monkeypatch, 1)
@@ -3501,6 +3523,7 @@ def test_resumed_args_keep_the_setting_of_the_config_line(tiny_dir, data_dir, tm
                            "--steps", "2", "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)])
     assert r.returncode == 128 + signal.SIGTERM
     assert r.stderr.startswith(f"setting small (--setting): {tiny_dir} on {data_dir}, strict reward, 2 steps, cpu; ")
+    edit_config(out, device="cuda")
     first = json.loads(open(out / "metrics.jsonl").readline())
     small = readme_settings()[0]["small"]
     assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"], first["reward"]) == (
@@ -3508,7 +3531,7 @@ def test_resumed_args_keep_the_setting_of_the_config_line(tiny_dir, data_dir, tm
     monkeypatch.undo()
     machine(monkeypatch, cuda=True)
     args = grpo.get_args(["--resume", str(out), "--device", "cpu"])
-    assert args.setting == "small" and args.model == tiny_dir and args.steps == 2
+    assert args.setting == "small" and args.model == tiny_dir and args.steps == 2 and args.device == "cpu"
     grpo.train(args)
     again = json.loads(open(out / "metrics.jsonl").readline())
     assert again == first and os.path.isdir(out / "model")
@@ -4355,6 +4378,146 @@ def test_publish_flushes_every_file_and_the_folder_before_the_rename_and_the_par
         assert os.path.exists(final) and not os.path.exists(tmp)
 
 
+@pytest.fixture(scope="module")
+def short_stopped(tiny_dir, data_dir, tmp_path_factory):
+    """A 3-step run of the tiny model stopped by a SIGTERM in step 1: its folder, with checkpoint-1. Tests resume
+    copies of it."""
+    out = tmp_path_factory.mktemp("short") / "run"
+    with pytest.MonkeyPatch.context() as mp, kept_handlers(), redirect_stderr(io.StringIO()):
+        stop_in_step(mp, 1)
+        with pytest.raises(SystemExit) as e:
+            grpo.main(small_flags(tiny_dir, data_dir, "--steps", "3", "--out", str(out)))
+    assert e.value.code == 128 + signal.SIGTERM and os.path.isdir(out / "checkpoint-1")
+    return out
+
+
+def edit_config(out, **values):
+    """The run's config line with `values` put in, as a run started elsewhere (another machine, other data) wrote
+    it; the records after it kept."""
+    lines = open(out / "metrics.jsonl").read().splitlines(keepends=True)
+    lines[0] = json.dumps({**json.loads(lines[0]), **values}) + "\n"
+    (out / "metrics.jsonl").write_text("".join(lines))
+
+
+def test_resumed_args_take_the_device_given_with_resume(short_stopped, tmp_path, capsys, handlers):
+    """A run started on a GPU (its config line says cuda), resumed here with --resume OUT --device cpu, as --help
+    says only --device may be given: it resumes on the CPU and runs to its end."""
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    edit_config(out, device="cuda")
+    args = grpo.get_args(["--resume", str(out), "--device", "cpu"])
+    assert args.device == "cpu"
+    grpo.main(["--resume", str(out), "--device", "cpu"])
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
+
+
+def test_check_device_refuses_a_gpu_index_past_the_last_on_resume(short_stopped, tmp_path, monkeypatch, capsys):
+    """One GPU is cuda:0: --resume OUT --device cuda:1 is refused in one line before the run is touched; cuda:0 is
+    taken."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    before = folder_bytes(out)
+    assert_one_line_error(main_exit(capsys, ["--resume", str(out), "--device", "cuda:1"]), "--device 'cuda:1'",
+                          "not a device here")
+    assert folder_bytes(out) == before
+    assert grpo.get_args(["--resume", str(out), "--device", "cuda:0"]).device == "cuda:0"
+
+
+@pytest.mark.parametrize("rows", [39, 41])
+def test_open_log_refuses_a_resume_with_another_training_set(short_stopped, tmp_path, capsys, handlers, rows):
+    """The run trained on 40 questions (sums(40)); its data folder now holds 39 or 41, with the same 10 test
+    questions: the resume is refused in one line naming the count, and the checkpoint is left as it was."""
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    edit_config(out, dataset=write_data(tmp_path / "data", sums(rows), sums(10, offset=100)))
+    before = folder_bytes(out)
+    r = main_exit(capsys, ["--resume", str(out)])
+    assert_one_line_error(r, f"the training set has {rows} questions, not the {out} run's")
+    assert folder_bytes(out) == before
+
+
+def test_open_log_resumes_with_another_test_set(short_stopped, tmp_path, capsys, handlers):
+    """Only the training set must be the run's (its draws depend on it): a data folder with the same 40 training
+    questions and 12 test questions instead of 10 resumes, and the run ends."""
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    edit_config(out, dataset=write_data(tmp_path / "data", sums(40), sums(12, offset=100)))
+    grpo.main(["--resume", str(out)])
+    assert os.path.isdir(out / "model")
+
+
+def set_wall_s(out, wall_s):
+    path = os.path.join(grpo.latest_checkpoint(str(out)), "state.json")
+    json.dump({**json.load(open(path)), "wall_s": wall_s}, open(path, "w"))
+
+
+def test_finish_a_resumed_runs_summary_counts_the_time_before_the_resume(short_stopped, tmp_path, capsys, handlers):
+    """The checkpoint says the run had taken 6000 s (100 min) before it stopped: the resumed run's summary says
+    100.x min in all, and the minutes since --resume apart, which add up to the total less the 100."""
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    set_wall_s(out, 6000.0)
+    started = time.time()
+    capsys.readouterr()
+    grpo.main(["--resume", str(out)])
+    elapsed = time.time() - started
+    first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("done: "))
+    found = re.search(r" in ([0-9.]+) min \(([0-9.]+) min since --resume\)$", first)
+    assert found, first
+    total, since = map(float, found.groups())
+    assert since <= elapsed / 60 + 0.05 and total == pytest.approx(100 + since, abs=0.1), first
+
+
+def test_save_checkpoint_wall_s_adds_the_time_before_the_resume(short_stopped, tmp_path, monkeypatch, capsys,
+                                                                  handlers):
+    """A run resumed from a checkpoint that says 6000 s and stopped again in its first step: the new checkpoint's
+    wall_s is 6000 s plus at most the seconds the resume took."""
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    set_wall_s(out, 6000.0)
+    stop_in_step(monkeypatch, 1)
+    started = time.time()
+    assert main_exit(capsys, ["--resume", str(out)]).returncode == 128 + signal.SIGTERM
+    wall_s = checkpoint_state(out)["wall_s"]
+    assert 6000 < wall_s <= 6000 + time.time() - started
+
+
+def test_finish_a_fresh_runs_summary_names_no_resume(tiny_dir, data_dir, tmp_path, capsys):
+    """A run that was never resumed: the summary's first line ends with its minutes, with no 'since --resume'."""
+    capsys.readouterr()
+    grpo.main(small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(tmp_path / "run")))
+    first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("done: "))
+    assert re.fullmatch(r"done: 1 steps of grpo on the lenient reward \(full setting: .*\) in [0-9]+\.[0-9] min",
+                        first), first
+
+
+class FakeWandbRun:
+    """What grpo uses of a wandb run; wandb.init gives a resumed run the id it is asked for, else a new one."""
+
+    def __init__(self, calls, **kwargs):
+        calls.append(kwargs)
+        self.id = kwargs.get("id") or f"new{len(calls)}"
+
+    def log(self, *args, **kwargs):
+        pass
+
+    def finish(self, exit_code=0):
+        pass
+
+
+def test_start_wandb_a_resumed_run_continues_its_wandb_run(tiny_dir, data_dir, tmp_path, monkeypatch, capsys,
+                                                          handlers):
+    """wandb.init's kwargs recorded (wandb's docs: resume with the run's id and resume='allow'): the stopped run's
+    --wandb run was new; its resume asks for that run's id, so wandb continues it instead of starting another."""
+    wandb = pytest.importorskip("wandb", reason=WANDB_REASON)
+    calls = []
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: FakeWandbRun(calls, **kwargs))
+    out = tmp_path / "run"
+    flags = small_flags(tiny_dir, data_dir, "--steps", "2", "--wandb", "grpo-test", "--out", str(out))
+    with monkeypatch.context() as mp:
+        stop_in_step(mp, 1)
+        assert main_exit(capsys, flags).returncode == 128 + signal.SIGTERM
+    assert calls[0]["id"] is None and checkpoint_state(out)["wandb_id"] == "new1"
+    grpo.main(["--resume", str(out)])
+    assert len(calls) == 2 and calls[1]["id"] == "new1" and calls[1]["resume"] == "allow"
+    assert calls[1]["project"] == "grpo-test" and calls[1]["name"] == "run"
+
+
 # ------------------------------------------------------------------ reliability: SIGKILL at any moment, then --resume
 #
 # One 6-step run is made uninterrupted (the reference). Then runs of the same flags are killed with SIGKILL at chosen
@@ -5035,6 +5198,19 @@ def test_fit_prompts_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, da
                               "--out", str(out)]))
     assert "--eval-n 50 is more than the 10 test questions; evaluating on all" in capsys.readouterr().err
     assert [x["n"] for x in comparable_metrics(out) if x["type"] == "eval"] == [10, 10]
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_check_device_takes_cuda_n_only_below_the_gpu_count(data_dir, tmp_path, monkeypatch, capsys, gpus):
+    """torch numbers a machine's N GPUs cuda:0 .. cuda:N-1: --device cuda:N is refused in one line before anything
+    loads, cuda:N-1 is taken."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    r = main_exit(capsys, ["--model", "no-such-model", "--dataset", data_dir, "--device", f"cuda:{gpus}",
+                           "--out", str(tmp_path / "run")])
+    assert_one_line_error(r, f"--device 'cuda:{gpus}'", "not a device here")
+    assert not (tmp_path / "run").exists()
+    grpo.check_device(f"cuda:{gpus - 1}")
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
