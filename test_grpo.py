@@ -2351,6 +2351,42 @@ def test_train_rollout_log_holds_what_was_trained_on(reference_run):
     assert any(a["reward"] == 1.0 for line in lines for g in line["groups"] for a in g["answers"])
 
 
+def test_train_rollout_log_marks_each_truncated_answer(tmp_path, data_dir, monkeypatch):
+    """A model whose answers end at <eos> or any digit (11 EOS ids), so groups hold answers of both kinds: each
+    answer's `truncated` in rollouts.jsonl is whether by_hand finds no EOS among its --max-new-tokens tokens."""
+    eos = [0] + [2 + CHARS.index(d) for d in "0123456789"]
+    model_dir = make_tiny_model(tmp_path / "m", generation_extra={"eos_token_id": eos})
+    batches, real = [], grpo.generate
+    monkeypatch.setattr(grpo, "generate", lambda *a, **k: batches.append(real(*a, **k)) or batches[-1])
+    out = tmp_path / "run"
+    grpo.main(small_flags(model_dir, data_dir, "--steps", "2", "--G", "4", "--batch-prompts", "2", "--max-new-tokens",
+                          "6", "--log-rollouts", "1", "--out", str(out)))
+    train = [b for b in batches if b["temperature"] != 0]  # evaluation is greedy
+    logged = [json.loads(line) for line in open(out / "rollouts.jsonl")]
+    assert len(train) == len(logged) == 2
+    mixed = 0
+    for batch, line in zip(train, logged):
+        assert batch["completion_ids"].shape[1] == 6
+        want = [not ended for _, ended, _, _ in by_hand(batch["completion_ids"], eos, 0)]
+        assert [a["truncated"] for g in line["groups"] for a in g["answers"]] == want
+        mixed += sum(len({a["truncated"] for a in g["answers"]}) == 2 for g in line["groups"])
+    assert mixed >= 2
+
+
+def test_train_rollout_log_truncation_agrees_with_the_trunc_rate(reference_run):
+    """Each logged step's share of answers marked truncated in rollouts.jsonl is that step's trunc_rate in
+    metrics.jsonl (step_metrics, from the batch itself), and an answer not marked truncated ended with an EOS within
+    --max-new-tokens 8, so its text is shorter than 8 characters (a character a token)."""
+    rates = {x["step"]: x["trunc_rate"] for x in comparable_metrics(reference_run) if x["type"] == "train"}
+    answers = []
+    for line in map(json.loads, open(reference_run / "rollouts.jsonl")):
+        marks = [a["truncated"] for g in line["groups"] for a in g["answers"]]
+        assert sum(marks) / len(marks) == pytest.approx(rates[line["step"]]), line["step"]
+        answers += [a for g in line["groups"] for a in g["answers"]]
+    assert all(len(a["text"]) < 8 for a in answers if not a["truncated"])
+    assert {a["truncated"] for a in answers} == {True, False}
+
+
 def reference_run_data(out):
     return json.loads(open(os.path.join(out, "metrics.jsonl")).readline())["dataset"]
 
@@ -5169,6 +5205,57 @@ def test_train_step_skips_nonfinite_updates_and_the_run_stops(tiny_dir, run_data
     assert all(torch.equal(saved[k], want[k]) for k in want)
     optimizer = torch.load(out / "checkpoint-4" / "optimizer.pt")
     assert {s["step"].item() for s in optimizer["state"].values()} == {1.0}
+
+
+def nonfinite_steps(monkeypatch, schedule):
+    """In the steps of `schedule` ({step: "nan" or "inf"}) the policy's log-probs times NaN (a NaN loss and gradient
+    norm), or one weight's gradient made infinite (a finite loss, an infinite norm). One policy pass a step."""
+    real, calls, hooks = grpo.completion_logprobs, [], []
+
+    def logprobs(model, *args, **kwargs):
+        logp, entropy = real(model, *args, **kwargs)
+        if torch.is_grad_enabled():  # the policy's pass (the reference's runs under no_grad)
+            calls.append(1)
+            while hooks:
+                hooks.pop().remove()
+            kind = schedule.get(len(calls))
+            if kind == "nan":
+                return logp * float("nan"), entropy
+            if kind == "inf":
+                hooks.append(next(model.parameters()).register_hook(lambda g: torch.full_like(g, math.inf)))
+        return logp, entropy
+    monkeypatch.setattr(grpo, "completion_logprobs", logprobs)
+
+
+def test_train_a_finite_update_resets_the_count_of_skipped_ones(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """Steps 2 and 3 NaN, 4 finite, 5 a finite loss with an infinite gradient norm, 6 NaN: 5 and 6 are skipped too,
+    but never 3 in a row (--max-nonfinite 3), so the run ends; each warning counts the skips in a row by hand:
+    1, 2, then 1, 2 again."""
+    nonfinite_steps(monkeypatch, {2: "nan", 3: "nan", 5: "inf", 6: "nan"})
+    out = tmp_path / "run"
+    grpo.main(small_flags(tiny_dir, data_dir, "--steps", "6", "--out", str(out)))
+    train = [x for x in comparable_metrics(out) if x["type"] == "train"]
+    assert [x["update_skipped"] for x in train] == [False, True, True, False, True, True]
+    assert math.isfinite(train[4]["loss"]) and train[4]["grad_norm"] == math.inf
+    assert all(math.isfinite(x["loss"]) and math.isfinite(x["grad_norm"]) for x in (train[0], train[3]))
+    warnings = re.findall(r"update skipped \(([0-9]+) in a row", capsys.readouterr().out)
+    assert warnings == ["1", "2", "1", "2"]
+    assert os.path.isdir(out / "model")
+    assert all(torch.isfinite(w).all() for w in final_weights(out).values())
+
+
+def test_save_checkpoint_a_finite_update_after_a_skip_saves_no_skips_in_a_row(tiny_dir, data_dir, tmp_path,
+                                                                             monkeypatch, capsys):
+    """Step 2 NaN, step 3 finite, a SIGTERM in step 3: the checkpoint's state counts 0 skipped updates in a row (a
+    resume may take 3 more before it stops), and AdamW has taken 2 steps (1 and 3)."""
+    nonfinite_steps(monkeypatch, {2: "nan"})
+    stop_in_step(monkeypatch, 3)
+    out = tmp_path / "run"
+    r = main_exit(capsys, small_flags(tiny_dir, data_dir, "--steps", "4", "--out", str(out)))
+    assert r.returncode == 128 + signal.SIGTERM
+    assert checkpoint_state(out) == {**checkpoint_state(out), "step": 3, "nonfinite": 0}
+    optimizer = torch.load(out / "checkpoint-3" / "optimizer.pt")
+    assert {s["step"].item() for s in optimizer["state"].values()} == {2.0}
 
 
 # ------------------------------------------------------------------ reliability: hostile and careless input
