@@ -5278,6 +5278,49 @@ def test_fit_prompts_drops_and_counts_overlong_prompts(tiny_dir, tmp_path, capsy
     assert not (tmp_path / "none").exists()
 
 
+def question_of_prompt_length(n, seed=0):
+    """A question whose base-model prompt 'Question: Q\\nAnswer:' is n characters: n tokens of the tiny model."""
+    filler = "what is 1 + 2 and 3 + 4? " * 20
+    q = f"{seed} " + filler[:n - 18 - 3] + "?"
+    assert len(f"Question: {q}\nAnswer:") == n
+    return {"question": q, "answer": "1 + 2 = 3\n#### 3"}
+
+
+def test_fit_prompts_keeps_a_prompt_that_fits_exactly_and_drops_one_over(tiny_dir, tmp_path, capsys):
+    """The tiny model has 256 positions; with --max-new-tokens 8 a 248-token prompt fits exactly (248 + 8 = 256) and
+    is kept, a 249-token one is dropped, in both splits; --eval-n 3, the 3 test questions kept, gets no note."""
+    from transformers import AutoTokenizer
+    exact, over = question_of_prompt_length(248), question_of_prompt_length(249)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    assert [len(tokenizer(f"Question: {r['question']}\nAnswer:").input_ids) for r in (exact, over)] == [248, 249]
+    data = write_data(tmp_path / "d", [exact, over] + sums(3), [exact, over] + sums(2))
+    out = tmp_path / "run"
+    capsys.readouterr()
+    grpo.main(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "1", "--max-new-tokens", "8",
+               "--steps", "1", "--eval-n", "3", "--dtype", "float32", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "dropped 1 train and 1 test questions" in err and "is more than" not in err
+    config = comparable_metrics(out)[0]
+    assert (config["n_train"], config["n_test"], config["n_too_long"]) == (4, 3, {"train": 1, "test": 1})
+
+
+def test_fit_prompts_a_prompt_at_the_models_last_position_trains_and_evaluates(tiny_dir, tmp_path, capsys):
+    """A data set of one question whose 248-token prompt and --max-new-tokens 8 take all 256 positions of the tiny
+    model: nothing is dropped, the run trains on it and evaluates it (--eval-n 1, its one test question: no note)."""
+    row = question_of_prompt_length(248)
+    data = write_data(tmp_path / "d", [row], [question_of_prompt_length(248, seed=1)])
+    out = tmp_path / "run"
+    capsys.readouterr()
+    grpo.main(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "1", "--max-new-tokens", "8",
+               "--steps", "1", "--eval-n", "1", "--dtype", "float32", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "dropped" not in err and "is more than" not in err
+    records = comparable_metrics(out)
+    assert (records[0]["n_train"], records[0]["n_test"]) == (1, 1)
+    assert [(x["type"], x["step"]) for x in records[1:]] == [("eval", 0), ("train", 1), ("eval", 1)]
+    assert [x["n"] for x in records if x["type"] == "eval"] == [1, 1]
+
+
 def test_fit_prompts_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "1",
