@@ -2509,7 +2509,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 # Run by the test on grpo and, in a fresh interpreter, on the copy, as a copier would: transformers' Auto classes,
 # then prepare_model and make_optimizer; sampling, its own reward, advantages, one step of two AdamW updates
 # (mu = 2, so the ratio moves off 1 and clipping can act) with grad_checkpointing set (so the passes run in train
-# mode, where dropout would act), evaluation with sampled answers.
+# mode, where dropout would act), evaluation with sampled answers. The sampler's log-probs are also measured
+# against a plain forward pass of each row alone, written here: a number the copy and grpo cannot share a bug with.
 PIPELINE = """
 def says_the_digit(completion, ref):
     return 1.0 if ref in completion else 0.0
@@ -2526,6 +2527,7 @@ def pipeline(m, model_dir, rows, test_rows, chat_template=None):
     optimizer = m.make_optimizer(model, lr=1e-2)
     ref_model = m.reference_model(model)
     cfg = m.StepConfig(mu=2, micro_batch=4, max_new_tokens=8, grad_checkpointing=True)
+    model.gradient_checkpointing_enable()  # what StepConfig's grad_checkpointing is for (grpo's load_model does it)
     cpu, seed = torch.device("cpu"), 8  # seed 8: an answer paid, answers ended by either EOS
     out = {"texts": [], "rewards": [], "stats": [], "prompt_lengths": [], "ends": []}
     for step in (1,):
@@ -2537,6 +2539,14 @@ def pipeline(m, model_dir, rows, test_rows, chat_template=None):
         rewards = torch.tensor([says_the_digit(text, questions[i]["ref"])
                                 for text, i in zip(texts, batch["group"].tolist())])
         adv = m.group_advantages(rewards, 4)
+        with torch.no_grad():  # the sampler's log-probs against a plain pass of each row alone, no copied code
+            plain = []
+            for ids, p in zip(batch["completion_ids"], batch["group"]):
+                prompt = batch["prompt_ids"][p][batch["prompt_mask"][p].bool()]
+                logits = model(input_ids=torch.cat([prompt, ids])[None]).logits[0, len(prompt) - 1:-1]
+                plain.append(torch.log_softmax(logits.float(), -1).gather(-1, ids[:, None]).squeeze(-1))
+            gap = (torch.stack(plain) - batch["sampler_logp"]).abs() * batch["completion_mask"]
+            out["plain_gap"] = gap.max().item()
         out["stats"].append(m.train_step(model, ref_model, optimizer, batch, adv, cfg))
         out["texts"].append(texts)
         out["rewards"].append(rewards.tolist())
@@ -2684,6 +2694,10 @@ def test_the_algorithm_copied_out_alone_computes_what_grpo_computes(copied_runs,
     if not chat:
         rewards = [r for step in original["rewards"] for r in step]
         assert 0 < sum(rewards) < len(rewards) and all(s["grad_norm"] > 0 and s["kl"] > 0 for s in original["stats"])
+    # against values from outside the copied text: the sampler's log-probs are a plain pass's, and the loss's
+    # pi_old (its passes under gradient checkpointing, in train mode) is the sampler's distribution
+    assert copied["plain_gap"] < 1e-5
+    assert all(s["sampler_logp_gap_max"] < 1e-5 and not s["update_skipped"] for s in copied["stats"])
     assert copied == original
 
 
