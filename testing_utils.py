@@ -8,22 +8,33 @@ import torch
 CHARS = "0123456789abcdefghijklmnopqrstuvwxyz ?.:#+-*=,$\n"
 
 
-def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_extra=None, eos=True, arch="gpt2"):
+def make_tiny_model(path, seed=0, n_layer=2, n_embd=32, dropout=0.0, generation_extra=None, eos=True, arch="gpt2",
+                    bos=False):
     """A tiny randomly initialized model with a character-level tokenizer, saved to `path`. arch "gpt2" has learned
     absolute positions; "llama" and "qwen2" (the families of SmolLM2 and Qwen2.5) have rotary positions and
     grouped-query attention, so left padding and the KV cache go through other code in transformers; "gemma3" adds
-    sliding-window attention on every other layer, with a window of 4 tokens, shorter than any prompt here."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    sliding-window attention on every other layer, with a window of 4 tokens, shorter than any prompt here. bos: as
+    Llama 3 and Gemma ship, a <bos> token that the tokenizer adds before every text and a chat template that writes
+    it itself."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
     from transformers import (Gemma3ForCausalLM, Gemma3TextConfig, GPT2Config, GPT2LMHeadModel, LlamaConfig,
                               LlamaForCausalLM, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM)
     vocab = {"<eos>": 0, "<unk>": 1, **{c: i + 2 for i, c in enumerate(CHARS)}}
+    if bos:
+        vocab["<bos>"] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")  # one token per character
     tok.decoder = decoders.Fuse()
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single="<bos> $A",
+                                                           special_tokens=[("<bos>", vocab["<bos>"])])
     # pad = EOS, as load_model sets it; said here too because Qwen2's tokenizer class would add a pad token of its own
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>" if eos else None, unk_token="<unk>",
-                                        pad_token="<eos>" if eos else None)
+                                        pad_token="<eos>" if eos else None, **({"bos_token": "<bos>"} if bos else {}))
+    if bos:
+        tokenizer.chat_template = ("{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n"
+                                   "{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
     torch.manual_seed(seed)
     eos_id = 0 if eos else None  # GPT2Config's own default is 50256, so "no EOS" must be said explicitly
     if arch == "gpt2":
