@@ -2823,17 +2823,20 @@ def test_start_wandb_offline_a_resume_writes_to_the_same_run(tiny_dir, data_dir,
                                                              handlers):
     """--wandb with WANDB_MODE=offline, stopped in step 1 and resumed: both parts write the run of one id
     (OUT/wandb/offline-run-TIME-ID, run-ID.wandb), the id the checkpoint keeps, so a sync uploads one run."""
-    pytest.importorskip("wandb", reason=WANDB_REASON)
+    wandb = pytest.importorskip("wandb", reason=WANDB_REASON)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
     flags = small_flags(tiny_dir, data_dir, "--steps", "2", "--wandb", "grpo-test", "--out", str(out))
-    with monkeypatch.context() as mp:
-        stop_in_step(mp, 1)
-        r = main_exit(capsys, flags)
-        assert r.returncode == 128 + signal.SIGTERM, r.stderr[-2000:]
-    first_id = checkpoint_state(out)["wandb_id"]
-    grpo.main(["--resume", str(out)])
+    try:
+        with monkeypatch.context() as mp:
+            stop_in_step(mp, 1)
+            r = main_exit(capsys, flags)
+            assert r.returncode == 128 + signal.SIGTERM, r.stderr[-2000:]
+        first_id = checkpoint_state(out)["wandb_id"]
+        grpo.main(["--resume", str(out)])
+    finally:
+        wandb.teardown()  # wandb keeps its settings (offline) in a process-wide singleton: later tests start afresh
     folders = sorted(out.glob("wandb/offline-run-*"))
     assert len(folders) == 2 and {f.name.rsplit("-", 1)[1] for f in folders} == {first_id}
     assert [f.name for f in folders[1].glob("run-*.wandb")] == [f"run-{first_id}.wandb"]
