@@ -533,7 +533,8 @@ def test_generate_a_chat_template_that_writes_the_bos_gets_it_once(tmp_path):
         assert got[0] == tokenizer.bos_token_id and got.count(tokenizer.bos_token_id) == 1
 
 
-def test_train_feeds_a_bos_writing_chat_templates_prompts_with_one_bos(tmp_path, monkeypatch, capsys, data_dir):
+def test_train_feeds_a_bos_writing_chat_templates_prompts_with_one_bos(tmp_path, monkeypatch, capsys, data_dir,
+                                                                       handlers):
     """A run of a model whose chat template writes the <bos> its tokenizer also adds: every prompt of training and
     evaluation reaches the model with one <bos>, first after the left padding."""
     model_dir = make_tiny_model(tmp_path / "m", bos=True)
@@ -2380,7 +2381,7 @@ def test_train_rollout_log_holds_what_was_trained_on(reference_run):
     assert any(a["reward"] == 1.0 for line in lines for g in line["groups"] for a in g["answers"])
 
 
-def test_train_rollout_log_marks_each_truncated_answer(tmp_path, data_dir, monkeypatch):
+def test_train_rollout_log_marks_each_truncated_answer(tmp_path, data_dir, monkeypatch, handlers):
     """A model whose answers end at <eos> or any digit (11 EOS ids), so groups hold answers of both kinds: each
     answer's `truncated` in rollouts.jsonl is whether by_hand finds no EOS among its --max-new-tokens tokens."""
     eos = [0] + [2 + CHARS.index(d) for d in "0123456789"]
@@ -2941,17 +2942,20 @@ def test_start_wandb_offline_a_resume_writes_to_the_same_run(tiny_dir, data_dir,
                                                              handlers):
     """--wandb with WANDB_MODE=offline, stopped in step 1 and resumed: both parts write the run of one id
     (OUT/wandb/offline-run-TIME-ID, run-ID.wandb), the id the checkpoint keeps, so a sync uploads one run."""
-    pytest.importorskip("wandb", reason=WANDB_REASON)
+    wandb = pytest.importorskip("wandb", reason=WANDB_REASON)
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     out = tmp_path / "run"
     flags = small_flags(tiny_dir, data_dir, "--steps", "2", "--wandb", "grpo-test", "--out", str(out))
-    with monkeypatch.context() as mp:
-        stop_in_step(mp, 1)
-        r = main_exit(capsys, flags)
-        assert r.returncode == 128 + signal.SIGTERM, r.stderr[-2000:]
-    first_id = checkpoint_state(out)["wandb_id"]
-    grpo.main(["--resume", str(out)])
+    try:
+        with monkeypatch.context() as mp:
+            stop_in_step(mp, 1)
+            r = main_exit(capsys, flags)
+            assert r.returncode == 128 + signal.SIGTERM, r.stderr[-2000:]
+        first_id = checkpoint_state(out)["wandb_id"]
+        grpo.main(["--resume", str(out)])
+    finally:
+        wandb.teardown()  # wandb keeps its settings (offline) in a process-wide singleton: later tests start afresh
     folders = sorted(out.glob("wandb/offline-run-*"))
     assert len(folders) == 2 and {f.name.rsplit("-", 1)[1] for f in folders} == {first_id}
     assert [f.name for f in folders[1].glob("run-*.wandb")] == [f"run-{first_id}.wandb"]
@@ -3084,7 +3088,7 @@ def test_train_rewards_each_answer_against_its_own_question(tiny_dir, tmp_path, 
     assert 0 < want_acc < 1
 
 
-def test_train_without_a_signal_leaves_the_weights_as_they_were(tiny_dir, data_dir, tmp_path):
+def test_train_without_a_signal_leaves_the_weights_as_they_were(tiny_dir, data_dir, tmp_path, handlers):
     """--beta 0 and a strict reward the random tiny model never earns: every advantage is 0, so every gradient is 0
     and AdamW without weight decay (make_optimizer's docstring) moves no weight; decay would shrink them all."""
     out = tmp_path / "run"
@@ -3097,7 +3101,7 @@ def test_train_without_a_signal_leaves_the_weights_as_they_were(tiny_dir, data_d
     assert all(torch.equal(start[k], v) for k, v in final_weights(out).items())
 
 
-def test_train_clips_each_update_to_norm_1(tiny_dir, data_dir, tmp_path, monkeypatch):
+def test_train_clips_each_update_to_norm_1(tiny_dir, data_dir, tmp_path, monkeypatch, handlers):
     """A run whose advantages are +-1000: the logged grad_norm (before clipping) is far above 10, and the gradient
     AdamW steps on has norm 1.0, the README's and TRL's max_grad_norm."""
     monkeypatch.setattr(grpo, "group_advantages", lambda rewards, G, *a, **k: 1000 * (torch.arange(len(rewards)) % 2
@@ -3117,7 +3121,7 @@ def test_train_clips_each_update_to_norm_1(tiny_dir, data_dir, tmp_path, monkeyp
     assert norms == pytest.approx([1.0, 1.0], rel=1e-5)
 
 
-def test_train_with_grad_checkpointing_on_a_llama_keeps_the_prompt(tmp_path, data_dir):
+def test_train_with_grad_checkpointing_on_a_llama_keeps_the_prompt(tmp_path, data_dir, handlers):
     """--grad-checkpointing on a tiny llama: the loss's pi_old is the sampler's distribution (sampler_logp_gap ~0,
     as without checkpointing), which it is only if each answer's log-probs see its prompt."""
     model_dir = make_tiny_model(tmp_path / "m", arch="llama")
@@ -4941,7 +4945,7 @@ def test_save_checkpoint_wall_s_adds_the_time_before_the_resume(short_stopped, t
     assert 6000 < wall_s <= 6000 + time.time() - started
 
 
-def test_finish_a_fresh_runs_summary_names_no_resume(tiny_dir, data_dir, tmp_path, capsys):
+def test_finish_a_fresh_runs_summary_names_no_resume(tiny_dir, data_dir, tmp_path, capsys, handlers):
     """A run that was never resumed: the summary's first line ends with its minutes, with no 'since --resume'."""
     capsys.readouterr()
     grpo.main(small_flags(tiny_dir, data_dir, "--steps", "1", "--out", str(tmp_path / "run")))
@@ -5679,7 +5683,8 @@ def nonfinite_steps(monkeypatch, schedule):
     monkeypatch.setattr(grpo, "completion_logprobs", logprobs)
 
 
-def test_train_a_finite_update_resets_the_count_of_skipped_ones(tiny_dir, data_dir, tmp_path, monkeypatch, capsys):
+def test_train_a_finite_update_resets_the_count_of_skipped_ones(tiny_dir, data_dir, tmp_path, monkeypatch, capsys,
+                                                                handlers):
     """Steps 2 and 3 NaN, 4 finite, 5 a finite loss with an infinite gradient norm, 6 NaN: 5 and 6 are skipped too,
     but never 3 in a row (--max-nonfinite 3), so the run ends; each warning counts the skips in a row by hand:
     1, 2, then 1, 2 again."""
@@ -5696,8 +5701,8 @@ def test_train_a_finite_update_resets_the_count_of_skipped_ones(tiny_dir, data_d
     assert all(torch.isfinite(w).all() for w in final_weights(out).values())
 
 
-def test_save_checkpoint_a_finite_update_after_a_skip_saves_no_skips_in_a_row(tiny_dir, data_dir, tmp_path,
-                                                                             monkeypatch, capsys):
+def test_save_checkpoint_a_finite_update_after_a_skip_saves_no_skips_in_a_row(tiny_dir, data_dir, tmp_path, monkeypatch,
+                                                                              capsys, handlers):
     """Step 2 NaN, step 3 finite, a SIGTERM in step 3: the checkpoint's state counts 0 skipped updates in a row (a
     resume may take 3 more before it stops), and AdamW has taken 2 steps (1 and 3)."""
     nonfinite_steps(monkeypatch, {2: "nan"})
@@ -5738,7 +5743,7 @@ def question_of_prompt_length(n, seed=0):
     return {"question": q, "answer": "1 + 2 = 3\n#### 3"}
 
 
-def test_fit_prompts_keeps_a_prompt_that_fits_exactly_and_drops_one_over(tiny_dir, tmp_path, capsys):
+def test_fit_prompts_keeps_a_prompt_that_fits_exactly_and_drops_one_over(tiny_dir, tmp_path, capsys, handlers):
     """The tiny model has 256 positions; with --max-new-tokens 8 a 248-token prompt fits exactly (248 + 8 = 256) and
     is kept, a 249-token one is dropped, in both splits; --eval-n 3, the 3 test questions kept, gets no note."""
     from transformers import AutoTokenizer
@@ -5756,7 +5761,7 @@ def test_fit_prompts_keeps_a_prompt_that_fits_exactly_and_drops_one_over(tiny_di
     assert (config["n_train"], config["n_test"], config["n_too_long"]) == (4, 3, {"train": 1, "test": 1})
 
 
-def test_fit_prompts_a_prompt_at_the_models_last_position_trains_and_evaluates(tiny_dir, tmp_path, capsys):
+def test_fit_prompts_a_prompt_at_the_models_last_position_trains_and_evaluates(tiny_dir, tmp_path, capsys, handlers):
     """A data set of one question whose 248-token prompt and --max-new-tokens 8 take all 256 positions of the tiny
     model: nothing is dropped, the run trains on it and evaluates it (--eval-n 1, its one test question: no note)."""
     row = question_of_prompt_length(248)
