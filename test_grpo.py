@@ -2590,7 +2590,7 @@ def pipeline(m, model_dir, rows, test_rows, chat_template=None):
         adv = m.group_advantages(rewards, 4)
         with torch.no_grad():  # the sampler's log-probs against a plain pass of each row alone, no copied code
             plain = []
-            for ids, p in zip(batch["completion_ids"], batch["group"]):
+            for ids, p in zip(batch["completion_ids"], batch["prompt_index"]):
                 prompt = batch["prompt_ids"][p][batch["prompt_mask"][p].bool()]
                 logits = model(input_ids=torch.cat([prompt, ids])[None]).logits[0, len(prompt) - 1:-1]
                 plain.append(torch.log_softmax(logits.float(), -1).gather(-1, ids[:, None]).squeeze(-1))
