@@ -26,7 +26,7 @@ def main():
     p.add_argument("--show", type=int, default=8)
     args = p.parse_args()
     grpo.INSTRUCTION = examples.squad.INSTRUCTION
-    _, test = examples.squad.load_squad("/work/shared/squad", 0)
+    _, test = examples.squad.load_squad("../shared/squad", 0)
     rows = test[:args.n]
     print(f"greedy answers, 32 new tokens, the first {len(rows)} questions of the eval order (Super_Bowl_50)")
     texts = {}

@@ -5,7 +5,7 @@ answers that are an exact span (EM = 1), the mean F1, and the share of groups wh
 group with equal rewards has zero GRPO advantage and gives no gradient) under EM (--reward strict) and F1
 (--reward lenient).
 
-    OMP_NUM_THREADS=1 python -m results.squad.signal [--n 16] [--G 8] [--tokens 32] [--temps 0.7 1.0] [--seed 0]
+    OMP_NUM_THREADS=1 python -m results.squad.probe [--n 16] [--G 8] [--tokens 32] [--temps 0.7 1.0] [--seed 0]
 """
 
 import argparse
@@ -29,7 +29,7 @@ def main():
     grpo.INSTRUCTION = examples.squad.INSTRUCTION
     torch.manual_seed(args.seed)
     model, tok = grpo.load_model("smollm2", torch.device("cpu"))
-    train, _ = examples.squad.load_squad("/work/shared/squad", 0)
+    train, _ = examples.squad.load_squad("../shared/squad", 0)
     rows = train[:args.n]  # the train rows in file order
     print(f"SmolLM2-135M-Instruct, first {len(rows)} University_of_Notre_Dame questions, G={args.G}, "
           f"{args.tokens} new tokens, seed {args.seed}, torch threads {torch.get_num_threads()}")
