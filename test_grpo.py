@@ -1560,6 +1560,24 @@ def test_grpo_loss_split_into_its_two_terms_by_hand():
     assert stats["pg_loss"] + stats["kl_loss"] == pytest.approx(loss.item(), abs=1e-6)
 
 
+def test_grpo_loss_diagnostics_of_a_batch_of_one_token_are_that_tokens():
+    """By hand: one unmasked token, ratio 1.5 with adv 1 (clipped) and ref/pi = 0.5: kl = 0.5 - ln 0.5 - 1, and
+    clip_frac 1; a mean over one token is that token's value."""
+    logp = torch.tensor([[math.log(0.5), -7.0]])
+    old, ref = logp - math.log(1.5), torch.tensor([[math.log(0.25), 3.0]])
+    _, stats = grpo.grpo_loss(logp, old, ref, torch.ones(1), torch.tensor([[1, 0]]), 1, clip_eps=0.2, beta=0.1)
+    assert stats["kl"] == pytest.approx(0.5 - math.log(0.5) - 1, rel=1e-6)
+    assert stats["clip_frac"] == 1.0
+
+
+def test_grpo_loss_pg_loss_is_minus_the_surrogate_by_hand():
+    """By hand: ratio 1.1 inside the clip range, advantages 1 and 3 (mean not 0): pg_loss = -1.1 * (1 + 3) / 2."""
+    logp = torch.zeros(2, 2)
+    _, stats = grpo.grpo_loss(logp, logp - math.log(1.1), None, torch.tensor([1.0, 3.0]), torch.ones(2, 2), 2,
+                              clip_eps=0.2, beta=0.0)
+    assert stats["pg_loss"] == pytest.approx(-2.2, rel=1e-6) and stats["kl_loss"] == 0.0
+
+
 def test_loss_aggregation_is_the_algorithms():
     """Dr. GRPO is defined with the constant divisor; GRPO and the advantage variants with the paper's per-answer
     mean; a run that leaves --loss-agg out gets its algorithm's, and --loss-agg overrides it."""
