@@ -4172,6 +4172,13 @@ def test_resumed_args_refuse_metrics_that_do_not_start_with_a_config_line(tmp_pa
         assert_one_line_error(r, f"{tmp_path / 'metrics.jsonl'} {why}")
 
 
+def test_lock_a_resume_of_a_missing_folder_names_it_and_the_systems_reason(tmp_path, capsys):
+    """The folder, os.strerror(ENOENT) (the system's text) and what to pass instead, on one line."""
+    missing = tmp_path / "nothing"
+    assert_one_line_error(main_exit(capsys, ["--resume", str(missing)]), f"{missing}: {os.strerror(errno.ENOENT)};",
+                          "pass a grpo.py run's folder")
+
+
 # ------------------------------------------------------------------ reliability: resume, interruption, determinism
 #
 # One small run (6 steps, a 6-question training set so the data order is reshuffled twice, beta > 0 so the
