@@ -4022,6 +4022,15 @@ def test_check_out_refuses_a_name_it_cannot_write(tiny_dir, data_dir, tmp_path, 
     assert os.listdir(tmp_path) == []
 
 
+def test_check_out_names_the_nearest_folder_it_cannot_write(tmp_path, monkeypatch):
+    """By hand: --out TMP/a/b, TMP read-only (os.access faked: root writes anywhere): TMP, its nearest folder, named."""
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: path != str(tmp_path) and real_access(path, mode))
+    with pytest.raises(grpo.ConfigError) as e:
+        grpo.check_out(str(tmp_path / "a" / "b"))
+    assert str(e.value) == f"--out {tmp_path / 'a' / 'b'}: {tmp_path} cannot be written to; pick another --out"
+
+
 def test_check_out_takes_the_normalized_path(tiny_dir, data_dir, tmp_path, capsys):
     """--out x/../y is the folder y: the run is there, and no x is made on the way."""
     grpo.main(small_flags(tiny_dir, data_dir, "--steps", "1", "--out", os.path.join(str(tmp_path), "x", "..", "y")))
