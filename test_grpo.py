@@ -1584,6 +1584,24 @@ def test_grpo_loss_split_into_its_two_terms_by_hand():
     assert stats["pg_loss"] + stats["kl_loss"] == pytest.approx(loss.item(), abs=1e-6)
 
 
+def test_grpo_loss_diagnostics_of_a_batch_of_one_token_are_that_tokens():
+    """By hand: one unmasked token, ratio 1.5 with adv 1 (clipped) and ref/pi = 0.5: kl = 0.5 - ln 0.5 - 1, and
+    clip_frac 1; a mean over one token is that token's value."""
+    logp = torch.tensor([[math.log(0.5), -7.0]])
+    old, ref = logp - math.log(1.5), torch.tensor([[math.log(0.25), 3.0]])
+    _, stats = grpo.grpo_loss(logp, old, ref, torch.ones(1), torch.tensor([[1, 0]]), 1, clip_eps=0.2, beta=0.1)
+    assert stats["kl"] == pytest.approx(0.5 - math.log(0.5) - 1, rel=1e-6)
+    assert stats["clip_frac"] == 1.0
+
+
+def test_grpo_loss_pg_loss_is_minus_the_surrogate_by_hand():
+    """By hand: ratio 1.1 inside the clip range, advantages 1 and 3 (mean not 0): pg_loss = -1.1 * (1 + 3) / 2."""
+    logp = torch.zeros(2, 2)
+    _, stats = grpo.grpo_loss(logp, logp - math.log(1.1), None, torch.tensor([1.0, 3.0]), torch.ones(2, 2), 2,
+                              clip_eps=0.2, beta=0.0)
+    assert stats["pg_loss"] == pytest.approx(-2.2, rel=1e-6) and stats["kl_loss"] == 0.0
+
+
 def test_loss_aggregation_is_the_algorithms():
     """Dr. GRPO is defined with the constant divisor; GRPO and the advantage variants with the paper's per-answer
     mean; a run that leaves --loss-agg out gets its algorithm's, and --loss-agg overrides it."""
@@ -4052,6 +4070,15 @@ def test_check_out_refuses_a_name_it_cannot_write(tiny_dir, data_dir, tmp_path, 
     assert os.listdir(tmp_path) == []
 
 
+def test_check_out_names_the_nearest_folder_it_cannot_write(tmp_path, monkeypatch):
+    """By hand: --out TMP/a/b, TMP read-only (os.access faked: root writes anywhere): TMP, its nearest folder, named."""
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: path != str(tmp_path) and real_access(path, mode))
+    with pytest.raises(grpo.ConfigError) as e:
+        grpo.check_out(str(tmp_path / "a" / "b"))
+    assert str(e.value) == f"--out {tmp_path / 'a' / 'b'}: {tmp_path} cannot be written to; pick another --out"
+
+
 def test_check_out_takes_the_normalized_path(tiny_dir, data_dir, tmp_path, capsys):
     """--out x/../y is the folder y: the run is there, and no x is made on the way."""
     grpo.main(small_flags(tiny_dir, data_dir, "--steps", "1", "--out", os.path.join(str(tmp_path), "x", "..", "y")))
@@ -4200,6 +4227,13 @@ def test_resumed_args_refuse_metrics_that_do_not_start_with_a_config_line(tmp_pa
         assert_one_line_error(r, f"--resume {tmp_path}: no metrics.jsonl starting with a config line")
     else:
         assert_one_line_error(r, f"{tmp_path / 'metrics.jsonl'} {why}")
+
+
+def test_lock_a_resume_of_a_missing_folder_names_it_and_the_systems_reason(tmp_path, capsys):
+    """The folder, os.strerror(ENOENT) (the system's text) and what to pass instead, on one line."""
+    missing = tmp_path / "nothing"
+    assert_one_line_error(main_exit(capsys, ["--resume", str(missing)]), f"{missing}: {os.strerror(errno.ENOENT)};",
+                          "pass a grpo.py run's folder")
 
 
 # ------------------------------------------------------------------ reliability: resume, interruption, determinism
