@@ -230,3 +230,15 @@ OMP_NUM_THREADS=1 python -m results.variance.grad_variance --model runs/smollm2_
   --task arith --batches 32 --G 8 --batch-prompts 2 --max-new-tokens 64 --temperature 0.7 \
   --out results/smollm2_float32/variance/step50.json
 python -m results.smollm2_float32.report
+
+# squad/: SQuAD v1.1 with SmolLM2 on two real articles (../shared/squad: train University_of_Notre_Dame, eval the
+#   first 200 questions of Super_Bowl_50); the step-0 probe, the 3 seeds of the rule in results/squad/README.md
+#   (about 35 CPU minutes a run alone, two at a time at most), then the report and the answers read whole.
+OMP_NUM_THREADS=1 python -m results.squad.probe > results/squad/probe.txt
+for S in 1 2 3; do
+  OMP_NUM_THREADS=1 python -m examples.squad --model smollm2 --dataset ../shared/squad --G 8 --steps 24 \
+    --batch-prompts 2 --max-new-tokens 32 --temperature 0.7 --lr 2e-5 --eval-every 0 --eval-n 200 --reward lenient \
+    --dtype float32 --save-every 10 --log-rollouts 10 --out runs/squad/seed$S --seed $S
+done
+python -m results.squad.report runs/squad/seed1 runs/squad/seed2 runs/squad/seed3 > results/squad/report.txt
+OMP_NUM_THREADS=1 python -m results.squad.answers --n 64 runs/squad/seed1 runs/squad/seed2 > results/squad/answers.txt
