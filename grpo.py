@@ -10,7 +10,7 @@ and uses the group itself as the baseline:
 pi_theta is trained on PPO's clipped surrogate plus a KL penalty to a frozen reference pi_ref (`grpo_loss`):
 
     ratio_it = exp(logp_it - old_logp_it)                                 pi_theta / pi_old of token t of o_i
-    kl_it    = exp(ref_logp_it - logp_it) - (ref_logp_it - logp_it) - 1   the k3 estimator, >= 0
+    kl_it    = exp(ref_logp_it - logp_it) - (ref_logp_it - logp_it) - 1   the k3 estimator, >= 0 (`k3_kl`: which KL)
     loss     = -1/G sum_i 1/|o_i| sum_t [ min(ratio_it * adv_i, clip(ratio_it, 1-clip_eps, 1+clip_eps) * adv_i)
                                          - beta * kl_it ]
 
