@@ -1180,9 +1180,10 @@ def open_log(args, sizes, state):
     paths = {name: os.path.join(args.out, f"{name}.jsonl") for name in ("metrics", "rollouts")}
     lines = {"metrics": [config], "rollouts": []}
     if args.resume:  # the config line, then the records of steps up to the checkpoint's
-        lines = {name: [r for n, r in read_records(path, numbered=True)[name == "metrics":]
-                        if record_step(path, n, r, name) <= state["step"]] for name, path in paths.items()}
-        config = read_records(paths["metrics"])[0]
+        found = {name: read_records(path, numbered=True) for name, path in paths.items()}
+        config = found["metrics"].pop(0)[1]
+        lines = {name: [r for n, r in found[name] if record_step(paths[name], n, r, name) <= state["step"]]
+                 for name in paths}
         lines["metrics"].insert(0, config)
         if config.get("n_train") != sizes["n_train"]:
             raise ConfigError(f"the training set has {sizes['n_train']} questions, not the {args.out} run's; "
