@@ -2908,16 +2908,21 @@ def test_a_copied_module_takes_a_task_defined_in_a_second_module(tiny_dir, tmp_p
 # Helpers of the run tests here and in the reliability sections below.
 
 
-def stop_in_step(monkeypatch, step):
-    """SIGTERM to this process in the middle of train_step number `step` (which must still finish)."""
+def signalling_train_step(step, signum):
+    """grpo.train_step that sends this process `signum` as its call number `step` begins."""
     real_step, calls = grpo.train_step, []
 
-    def step_with_sigterm(*args, **kwargs):
+    def step_with_signal(*args, **kwargs):
         calls.append(1)
         if len(calls) == step:
-            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signum)
         return real_step(*args, **kwargs)
-    monkeypatch.setattr(grpo, "train_step", step_with_sigterm)
+    return step_with_signal
+
+
+def stop_in_step(monkeypatch, step):
+    """SIGTERM to this process in the middle of train_step number `step` (which must still finish)."""
+    monkeypatch.setattr(grpo, "train_step", signalling_train_step(step, signal.SIGTERM))
 
 
 def snapshot(folder):
@@ -4636,14 +4641,7 @@ def sigkill_in_step(argv, step):
     pid = os.fork()
     if pid == 0:  # the fork: never returns into pytest
         try:
-            real_step, calls = grpo.train_step, []
-
-            def step_killed(*args, **kwargs):
-                calls.append(1)
-                if len(calls) == step:
-                    os.kill(os.getpid(), signal.SIGKILL)
-                return real_step(*args, **kwargs)
-            grpo.train_step = step_killed
+            grpo.train_step = signalling_train_step(step, signal.SIGKILL)
             grpo.main(argv)
         finally:
             os._exit(1)
