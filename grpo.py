@@ -32,6 +32,7 @@ import io
 import itertools
 import json
 import math
+import numbers
 import os
 import random
 import re
@@ -871,6 +872,8 @@ def load_rows(task, spec, seed):
             bad = [k for k in ("question", "answer") if not is_text(row.get(k) if isinstance(row, dict) else None)]
             if bad:
                 raise ConfigError(f"--dataset {spec}: {split} row {i}'s {bad[0]!r} is not text; fix the data")
+            if "ref" not in row:
+                raise ConfigError(f"--dataset {spec}: {split} row {i} has no 'ref' to reward against; fix task.load")
     return splits
 
 
@@ -1274,6 +1277,9 @@ def read_records(path, whole=False, numbered=False):
     return records
 
 
+LOGS = []  # the run's Log while it is open
+
+
 class Log:
     """Rank 0 writes, every rank calls (the gathers inside need all of them)."""
 
@@ -1282,6 +1288,7 @@ class Log:
         self.args, self.files, self.wandb, self.evaluated = args, files, wandb_run, evaluated
         self.started, self.before, self.latest = time.time(), state["wall_s"], {"reward": "-", "acc": "-"}
         self.bar = tqdm(total=args.steps, initial=state["step"], desc="grpo", disable=rank_and_world()[0] != 0)
+        LOGS.append(self)
 
     def seconds(self):
         return self.before + time.time() - self.started
@@ -1327,6 +1334,7 @@ class Log:
                            f"lenient {result['acc_lenient']:.3f}{sampled} (n={result['n']})")
 
     def close(self, failed=False):
+        LOGS.remove(self)
         for f in self.files.values():
             f.close()
         if self.wandb:
@@ -1433,15 +1441,42 @@ def resume_command(out):
     return shlex.join([*launcher, *script, "--resume", out])
 
 
+def checked(task):
+    """The task as `train` takes it: a Task with a load, its reward checked at each call to give a finite number."""
+    if not isinstance(task, Task):
+        raise ConfigError(f"main(task=...) takes a grpo.Task, not a {type(task).__name__}")
+    if not callable(task.load):
+        raise ConfigError("main(task=...): the task has no load(spec, seed) to read --dataset; give it one")
+
+    def reward(completion, ref, strict=False):
+        r = task.reward(completion, ref, strict)
+        if isinstance(r, numbers.Real) and math.isfinite(r):
+            return float(r)
+        raise ConfigError(f"the task's reward gave {r!r:.40} for the answer {completion[:40]!r}; it must return a "
+                          "finite number")
+    return dataclasses.replace(task, reward=reward)
+
+
+def end_logs():
+    """Closes the log an error left open, its progress bar before the error line and its wandb run as failed."""
+    running = bool(LOGS)
+    while LOGS:
+        LOGS[-1].close(failed=True)
+    return running
+
+
 def main(argv=None, task=GSM8K):
     """The command line: `python grpo.py` trains GSM8K; a script of one's own passes its task."""
     args = argparse.Namespace(out=None)
     try:
+        task = checked(task)
         args = get_args(argv)
         train(args, task)
         leave_process_group()
     except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)  # every rank: a bad file may be bad on one node only
+        running = end_logs()  # a task's reward can fail mid-run
+        then = f"; then resume with: {resume_command(args.out)}" if running else ""
+        print(f"error: {e}{then}", file=sys.stderr)  # every rank: a bad file may be bad on one node only
         for out in reversed(MADE):  # a folder before its parents
             if os.path.isdir(out) and not os.listdir(out):
                 os.rmdir(out)
@@ -1452,6 +1487,7 @@ def main(argv=None, task=GSM8K):
         leave_process_group(e.args[1])
         sys.exit(e.args[1])
     except (KeyboardInterrupt, OSError) as e:  # Ctrl-C before the loop or a second one; a full disk
+        end_logs()
         saved = args.out and os.path.isfile(os.path.join(args.out, "metrics.jsonl"))  # from a checkpoint or step 0
         what = "interrupted" if isinstance(e, KeyboardInterrupt) else f"error: {e.strerror}: {e.filename}"
         print(f"\n{what}; " + (f"resume with: {resume_command(args.out)}" if saved else "nothing to resume"),

@@ -5,6 +5,7 @@ import ast
 import builtins
 import collections
 import copy
+import dataclasses
 import errno
 import fcntl
 import io
@@ -22,6 +23,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import textwrap
 import time
 import types
 from contextlib import contextmanager, redirect_stderr
@@ -3372,6 +3374,120 @@ def test_main_end_to_end_as_the_readmes_script_stopped_and_resumed(tiny_dir, tmp
     AutoTokenizer.from_pretrained(out / "model")
     original = AutoModelForCausalLM.from_pretrained(tiny_dir)
     assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), original.parameters()))
+
+
+def counting_rows(spec, seed):
+    rows = [{"question": f"Say {i}.", "answer": str(i), "ref": str(i)} for i in range(8)]
+    return rows[2:], rows[:2]
+
+
+def paying(value):
+    return grpo.Task("Answer with the number only.", lambda completion, ref, strict=False: value,
+                     lambda completion, strict=False: completion, counting_rows)
+
+
+@pytest.mark.parametrize("value, taken", [(True, 1.0), (0, 0.0), (np.float32(0.5), 0.5), (2.5, 2.5)])
+def test_checked_takes_a_reward_of_any_finite_real_number_as_a_float(value, taken):
+    reward = grpo.checked(paying(value)).reward("7", "7")
+    assert type(reward) is float and reward == taken
+
+
+@pytest.mark.parametrize("value", [None, "1", float("nan"), float("-inf"), torch.tensor(1.0), [1.0]])
+def test_checked_refuses_a_reward_that_is_not_a_finite_number(value):
+    with pytest.raises(grpo.ConfigError, match="it must return a finite number") as e:
+        grpo.checked(paying(value)).reward("the answer\nis 7", "7")
+    assert f"the task's reward gave {value!r:.40} for the answer 'the answer\\nis 7'" in str(e.value)
+
+
+def test_checked_refuses_what_is_not_a_task_with_a_load():
+    """A task's name, or a Task without load (enough for the copier's own loop, not for main)."""
+    with pytest.raises(grpo.ConfigError, match=r"main\(task=...\) takes a grpo.Task, not a str"):
+        grpo.checked("gsm8k")
+    with pytest.raises(grpo.ConfigError, match=r"the task has no load\(spec, seed\) to read --dataset"):
+        grpo.checked(dataclasses.replace(grpo.GSM8K, load=None))
+
+
+def test_main_refuses_what_is_not_a_task_with_a_load_in_one_line(capsys, tmp_path):
+    """One line each, before anything loads or any folder is made."""
+    flags = ["--model", str(tmp_path / "none"), "--out", str(tmp_path / "run")]
+    assert_one_line_error(main_exit(capsys, flags, task="gsm8k"), "main(task=...) takes a grpo.Task, not a str")
+    r = main_exit(capsys, flags, task=dataclasses.replace(grpo.GSM8K, load=None))
+    assert_one_line_error(r, "the task has no load(spec, seed) to read --dataset")
+    assert not (tmp_path / "run").exists()
+
+
+def without_ref(spec, seed):
+    train, test = counting_rows(spec, seed)
+    return train, [test[0], {"question": "Say 9.", "answer": "9"}]
+
+
+def test_load_rows_refuses_a_row_without_a_reference():
+    with pytest.raises(grpo.ConfigError, match="--dataset x: test row 2 has no 'ref' to reward against"):
+        grpo.load_rows(dataclasses.replace(paying(1.0), load=without_ref), "x", 0)
+
+
+def test_main_refuses_a_row_without_a_reference_in_one_line(tiny_dir, tmp_path, capsys):
+    """One line naming the split and the row, before a folder is made, not a KeyError after the first answers."""
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", "x", "--out", str(tmp_path / "run")],
+                  task=dataclasses.replace(paying(1.0), load=without_ref))
+    assert_one_line_error(r, "--dataset x: test row 2 has no 'ref' to reward against")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", [float("nan"), "1"])
+def test_main_a_reward_that_is_no_number_stops_the_run_in_one_line(tiny_dir, tmp_path, capsys, value):
+    """Paid at the step-0 evaluation: one line naming the value and the resume command, no NaN in metrics.jsonl."""
+    out = tmp_path / "run"
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n",
+                           "1", "--out", str(out)], paying(value))
+    assert_one_error_line_at_the_end(r, f"the task's reward gave {value!r}", "then resume with: ", f"--resume {out}")
+    assert [x["type"] for x in grpo.read_records(out / "metrics.jsonl", whole=True)] == ["config"]
+
+
+def test_main_a_reward_that_gives_bools_trains(tiny_dir, tmp_path):
+    """`completion == ref` is a reward: True and False are paid as 1.0 and 0.0 (a tensor of bools has no mean)."""
+    out = tmp_path / "run"
+    task = dataclasses.replace(paying(None), reward=lambda completion, ref, strict=False: completion.strip() != ref)
+    grpo.main(["--model", tiny_dir, "--dataset", "x", "--G", "2", "--batch-prompts", "1", "--steps", "1",
+               "--max-new-tokens", "2", "--eval-n", "1", "--log-rollouts", "1", "--out", str(out)], task)
+    answers = grpo.read_records(out / "rollouts.jsonl", whole=True)[0]["groups"][0]["answers"]
+    assert [a["reward"] for a in answers] == [1.0, 1.0]  # 2 tokens never say a number's line
+
+
+def test_main_a_reward_that_gives_none_mid_run_is_one_line_and_the_run_resumes(tiny_dir, tmp_path):
+    """A reward that returns None for the 4th answer it scores (in step 1's group): the script's run ends with one
+    error line, last, after its progress bar, naming the value and the resume command; the folder keeps the step-0
+    evaluation; with the reward fixed, that command takes the run to its end with every reward a number."""
+    out = tmp_path / "run"
+    (tmp_path / "my_task.py").write_text(textwrap.dedent("""\
+        import os
+        import grpo
+        calls = []
+
+        def rows(spec, seed):
+            rows = [{"question": f"Say {i}.", "answer": str(i), "ref": str(i)} for i in range(8)]
+            return rows[2:], rows[:2]
+
+        def reward(completion, ref, strict=False):
+            calls.append(1)
+            return None if len(calls) == 4 and not os.environ.get("FIXED") else float(completion.strip() == ref)
+
+        grpo.main(task=grpo.Task("Say it.", reward, lambda completion, strict=False: completion, rows))
+        """))
+    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": HERE}
+    flags = ["--model", tiny_dir, "--dataset", "count", "--G", "2", "--batch-prompts", "1", "--steps", "2",
+             "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)]
+    r = subprocess.run([sys.executable, "my_task.py", *flags], cwd=tmp_path, capture_output=True, text=True,
+                       timeout=300, env=env)  # step 0 scores 1 answer greedy (x2: strict, lenient), step 1 two
+    assert_one_error_line_at_the_end(r, "the task's reward gave None for the answer",
+                                     f"; then resume with: python my_task.py --resume {out}")
+    assert r.stderr.rstrip().endswith(f"--resume {out}")  # no progress bar drawn after the error
+    assert [x["type"] for x in grpo.read_records(out / "metrics.jsonl", whole=True)] == ["config", "eval"]
+    r = subprocess.run([sys.executable, "my_task.py", "--resume", str(out)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=300, env={**env, "FIXED": "1"})
+    assert r.returncode == 0, r.stderr[-3000:]
+    train = [x for x in grpo.read_records(out / "metrics.jsonl", whole=True) if x["type"] == "train"]
+    assert [x["step"] for x in train] == [1, 2] and all(x["reward_mean"] in (0.0, 0.5, 1.0) for x in train)
 
 
 # examples/squad.py: SQuAD v1.1 as a task of one's own, scored by SQuAD's exact match and F1.
