@@ -872,8 +872,11 @@ def load_rows(task, spec, seed):
             bad = [k for k in ("question", "answer") if not is_text(row.get(k) if isinstance(row, dict) else None)]
             if bad:
                 raise ConfigError(f"--dataset {spec}: {split} row {i}'s {bad[0]!r} is not text; fix the data")
-            if "ref" not in row:
-                raise ConfigError(f"--dataset {spec}: {split} row {i} has no 'ref' to reward against; fix task.load")
+            try:  # metrics.jsonl and rollouts.jsonl show it
+                json.dumps(row["ref"], allow_nan=False)
+            except (KeyError, TypeError, ValueError, RecursionError):
+                raise ConfigError(f"--dataset {spec}: {split} row {i}'s 'ref' is missing or not JSON (text, a number, "
+                                  "a list); fix task.load") from None
     return splits
 
 

@@ -3416,21 +3416,30 @@ def test_main_refuses_what_is_not_a_task_with_a_load_in_one_line(capsys, tmp_pat
     assert not (tmp_path / "run").exists()
 
 
-def without_ref(spec, seed):
-    train, test = counting_rows(spec, seed)
-    return train, [test[0], {"question": "Say 9.", "answer": "9"}]
+BAD_REFS = [{"question": "Say 9.", "answer": "9"}, {"question": "Say 9.", "answer": "9", "ref": Decimal(9)},
+            {"question": "Say 9.", "answer": "9", "ref": [float("nan")]}]
 
 
-def test_load_rows_refuses_a_row_without_a_reference():
-    with pytest.raises(grpo.ConfigError, match="--dataset x: test row 2 has no 'ref' to reward against"):
-        grpo.load_rows(dataclasses.replace(paying(1.0), load=without_ref), "x", 0)
+def with_a_bad_ref(bad):
+    """counting_rows with test row 2 replaced: no 'ref', or one that metrics.jsonl cannot hold."""
+    def load(spec, seed):
+        train, test = counting_rows(spec, seed)
+        return train, [test[0], bad]
+    return dataclasses.replace(paying(1.0), load=load)
 
 
-def test_main_refuses_a_row_without_a_reference_in_one_line(tiny_dir, tmp_path, capsys):
-    """One line naming the split and the row, before a folder is made, not a KeyError after the first answers."""
-    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", "x", "--out", str(tmp_path / "run")],
-                  task=dataclasses.replace(paying(1.0), load=without_ref))
-    assert_one_line_error(r, "--dataset x: test row 2 has no 'ref' to reward against")
+@pytest.mark.parametrize("bad", BAD_REFS)
+def test_load_rows_refuses_a_row_without_a_reference_json_can_write(bad):
+    with pytest.raises(grpo.ConfigError, match="--dataset x: test row 2's 'ref' is missing or not JSON"):
+        grpo.load_rows(with_a_bad_ref(bad), "x", 0)
+
+
+@pytest.mark.parametrize("bad", BAD_REFS)
+def test_main_refuses_a_row_without_a_reference_json_can_write_in_one_line(tiny_dir, tmp_path, capsys, bad):
+    """One line naming the split and the row, before a folder is made, not a KeyError after the first answers or a
+    TypeError when the first evaluation's samples are logged."""
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", "x", "--out", str(tmp_path / "run")], with_a_bad_ref(bad))
+    assert_one_line_error(r, "--dataset x: test row 2's 'ref' is missing or not JSON (text, a number, a list)")
     assert not (tmp_path / "run").exists()
 
 
