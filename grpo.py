@@ -1445,11 +1445,12 @@ def resume_command(out):
 
 
 def checked(task):
-    """The task as `train` takes it: a Task with a load, its reward checked at each call to give a finite number."""
+    """The task as `train` takes it: a Task whose reward and vote are checked at each call."""
     if not isinstance(task, Task):
         raise ConfigError(f"main(task=...) takes a grpo.Task, not a {type(task).__name__}")
-    if not callable(task.load):
-        raise ConfigError("main(task=...): the task has no load(spec, seed) to read --dataset; give it one")
+    name = next((name for name in ("reward", "vote", "load") if not callable(getattr(task, name))), None)
+    if name:
+        raise ConfigError(f"main(task=...): the task's {name} is {getattr(task, name)!r:.40}, not a function")
 
     def reward(completion, ref, strict=False):
         r = task.reward(completion, ref, strict)
@@ -1457,7 +1458,16 @@ def checked(task):
             return float(r)
         raise ConfigError(f"the task's reward gave {r!r:.40} for the answer {completion[:40]!r}; it must return a "
                           "finite number")
-    return dataclasses.replace(task, reward=reward)
+
+    def vote(completion, strict=False):
+        answer = task.vote(completion, strict)
+        try:
+            hash(answer)
+        except TypeError:
+            raise ConfigError(f"the task's vote gave {answer!r:.40} for the answer {completion[:40]!r}; it must "
+                              "return a hashable answer (text, a number, a tuple) or None") from None
+        return answer
+    return dataclasses.replace(task, reward=reward, vote=vote)
 
 
 def end_logs():

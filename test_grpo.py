@@ -3399,12 +3399,37 @@ def test_checked_refuses_a_reward_that_is_not_a_finite_number(value):
     assert f"the task's reward gave {value!r:.40} for the answer 'the answer\\nis 7'" in str(e.value)
 
 
+def voting(value):
+    return dataclasses.replace(paying(1.0), vote=lambda completion, strict=False: value)
+
+
+@pytest.mark.parametrize("value", [None, "7", Decimal("7.0"), (7, "x")])
+def test_checked_passes_a_hashable_vote_on(value):
+    assert grpo.checked(voting(value)).vote("7") == value
+
+
+@pytest.mark.parametrize("value", [["7"], {"a": 7}, {7}])
+def test_checked_refuses_a_vote_that_is_not_hashable(value):
+    with pytest.raises(grpo.ConfigError, match=r"must return a hashable answer \(text, a number, a tuple\) or None"):
+        grpo.checked(voting(value)).vote("7")
+
+
+def test_main_a_vote_that_is_not_hashable_stops_the_run_in_one_line(tiny_dir, tmp_path, capsys):
+    """Asked for at the step-0 evaluation's maj@K: one line naming the value, not a TypeError from a dict's keys."""
+    out = tmp_path / "run"
+    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n",
+                           "1", "--eval-samples", "2", "--out", str(out)], voting(["7"]))
+    assert_one_error_line_at_the_end(r, "the task's vote gave ['7'] for the answer", f"--resume {out}")
+
+
 def test_checked_refuses_what_is_not_a_task_with_a_load():
     """A task's name, or a Task without load (enough for the copier's own loop, not for main)."""
     with pytest.raises(grpo.ConfigError, match=r"main\(task=...\) takes a grpo.Task, not a str"):
         grpo.checked("gsm8k")
-    with pytest.raises(grpo.ConfigError, match=r"the task has no load\(spec, seed\) to read --dataset"):
+    with pytest.raises(grpo.ConfigError, match=r"main\(task=...\): the task's load is None, not a function"):
         grpo.checked(dataclasses.replace(grpo.GSM8K, load=None))
+    with pytest.raises(grpo.ConfigError, match=r"main\(task=...\): the task's vote is 'x', not a function"):
+        grpo.checked(dataclasses.replace(grpo.GSM8K, vote="x"))
 
 
 def test_main_refuses_what_is_not_a_task_with_a_load_in_one_line(capsys, tmp_path):
@@ -3412,7 +3437,9 @@ def test_main_refuses_what_is_not_a_task_with_a_load_in_one_line(capsys, tmp_pat
     flags = ["--model", str(tmp_path / "none"), "--out", str(tmp_path / "run")]
     assert_one_line_error(main_exit(capsys, flags, task="gsm8k"), "main(task=...) takes a grpo.Task, not a str")
     r = main_exit(capsys, flags, task=dataclasses.replace(grpo.GSM8K, load=None))
-    assert_one_line_error(r, "the task has no load(spec, seed) to read --dataset")
+    assert_one_line_error(r, "main(task=...): the task's load is None, not a function")
+    r = main_exit(capsys, flags, task=dataclasses.replace(grpo.GSM8K, reward=None))
+    assert_one_line_error(r, "main(task=...): the task's reward is None, not a function")
     assert not (tmp_path / "run").exists()
 
 
