@@ -827,8 +827,10 @@ def load_pretrained(name):
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
             model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs)
     except Exception as e:  # not found, not cached offline, an unknown architecture, a cut weights file
+        hint = ("pass a folder save_pretrained wrote or a .gguf file" if os.path.exists(path) else
+                "without the Hugging Face Hub: --setting small, or --model LOCAL_FOLDER")
         raise ConfigError(f"cannot load model {name!r}: {(str(e).strip() or type(e).__name__).splitlines()[0]} "
-                          "(without the Hugging Face Hub: --setting small, or --model LOCAL_FOLDER)") from None
+                          f"({hint})") from None
     if any(not p.is_floating_point() for p in model.parameters()):
         raise ConfigError(f"model {name!r} loaded with quantized weights; GRPO here trains full-precision weights")
     return model, tokenizer

@@ -4191,16 +4191,19 @@ def write_json(path, value):
     lambda m: write_json(m / "config.json", {**json.load(open(m / "config.json")), "model_type": "no-such-arch"}),
     lambda m: write_json(m / "config.json", {}),
     lambda m: cut_in_half(m / "model.safetensors"),
-], ids=["unknown-model-type", "empty-config", "cut-weights"])
+    lambda m: os.remove(m / "config.json"),
+    lambda m: m / "config.json",
+], ids=["unknown-model-type", "empty-config", "cut-weights", "no-config", "a-file-of-it"])
 def test_load_pretrained_a_broken_model_folder_is_one_line(tiny_dir, data_dir, tmp_path, capsys, damage):
-    """A --model folder that transformers cannot load: one line naming it, before the run's folder is made."""
+    """A --model folder (or a file in it) that transformers cannot load: one line naming it and what a folder needs,
+    not the Hub, before the run's folder is made."""
     model = tmp_path / "model"
     shutil.copytree(tiny_dir, model)
-    damage(model)
+    model = damage(model) or model
     out = tmp_path / "run"
     r = main_exit(capsys, ["--model", str(model), "--dataset", data_dir, "--steps", "1", "--out", str(out)])
-    assert_one_line_error(r, f"cannot load model {str(model)!r}")
-    assert not out.exists()
+    assert_one_line_error(r, f"cannot load model {str(model)!r}", "(pass a folder save_pretrained wrote or a .gguf")
+    assert "Hub" not in r.stderr and not out.exists()
 
 
 def test_fit_prompts_refuses_fewshot_for_a_chat_model(tiny_dir, data_dir, tmp_path, capsys):
