@@ -1617,11 +1617,14 @@ def test_loss_aggregation_is_the_algorithms():
 
 # ------------------------------------------------------------------ one training step
 
-def test_train_step_mu_passes_equal_the_loop_loss_against_the_sampling_logprobs(tiny, monkeypatch):
+@pytest.mark.parametrize("kl_ratio_correction", [False, True])
+def test_train_step_mu_passes_equal_the_loop_loss_against_the_sampling_logprobs(tiny, monkeypatch,
+                                                                                 kl_ratio_correction):
     """train_step with mu = 3 at temperature 0.7, beta > 0, micro-batches of 3: in every pass loss and gradient equal
     loss_by_loop on plain_logprobs, with old_logp the log-probs of the weights that sampled (taken before any update)
-    and ref_logp the reference's. In passes 2 and 3 the ratios have left 1 and some tokens are clipped. Each pass is
-    read where it ends: its diagnostics when they are combined, its gradient when the optimizer steps."""
+    and ref_logp the reference's, with and without --kl-ratio-correction. In passes 2 and 3 the ratios have left 1
+    and some tokens are clipped. Each pass is read where it ends: its diagnostics when they are combined, its
+    gradient when the optimizer steps."""
     model, tokenizer = tiny
     model = copy.deepcopy(model)
     batch = sampled_batch(model, tokenizer, seed=2, temperature=0.7)
@@ -1639,7 +1642,7 @@ def test_train_step_mu_passes_equal_the_loop_loss_against_the_sampling_logprobs(
             model.zero_grad()
             plain = plain_logprobs(model, batch, 0.7)
             want, clipped, _ = loss_by_loop(plain, old_logp, ref_logp, adv, mask, 0.05, 0.1, "seq", 8,
-                                            mask.sum().item(), 10)
+                                            mask.sum().item(), 10, kl_ratio_correction)
             want.backward()
             assert combined[-1]["loss"] == pytest.approx(want.item(), rel=1e-5, abs=1e-7), len(passes)
             assert combined[-1]["clip_frac"] == pytest.approx(clipped / mask.sum().item()), len(passes)
@@ -1649,7 +1652,8 @@ def test_train_step_mu_passes_equal_the_loop_loss_against_the_sampling_logprobs(
                 p.grad = g
             passes.append((clipped, (plain - old_logp)[mask.bool()].abs().max().item()))
             return super().step(closure)
-    cfg = grpo.StepConfig(mu=3, micro_batch=3, clip_eps=0.05, beta=0.1, max_new_tokens=10, max_grad_norm=math.inf)
+    cfg = grpo.StepConfig(mu=3, micro_batch=3, clip_eps=0.05, beta=0.1, max_new_tokens=10, max_grad_norm=math.inf,
+                          kl_ratio_correction=kl_ratio_correction)
     stats = grpo.train_step(model, ref, CheckedSGD(model.parameters(), lr=0.5), batch, adv, cfg)
     assert passes[0] == (0, 0.0)  # pass 1: the sampling weights themselves
     assert len(passes) == 3 and all(clipped > 0 and gap > 0.05 for clipped, gap in passes[1:])
@@ -1693,8 +1697,8 @@ def test_train_step_mu_passes_reuse_the_first_passes_logprobs(tiny, monkeypatch)
     assert stats["sampler_logp_gap_max"] < 1e-5  # against pi_old: the weights have moved since
 
 
-@pytest.mark.parametrize("loss_agg", ["seq", "token", "const"])
-def test_train_step_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
+@pytest.mark.parametrize("loss_agg, kl_ratio_correction", [("seq", False), ("token", True), ("const", False)])
+def test_train_step_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg, kl_ratio_correction):
     """8 sequences in micro-batches of 3 (3+3+2), 5 (5+3) and 100 (one pass): train_step leaves the gradient of the
     full-batch loss computed directly, in one grpo_loss call divided by the batch's divisor by hand: 8 answers, its
     tokens, or 8 x max_new_tokens (16, more than the batch's width, which must not be used); the loss and its two parts
@@ -1711,12 +1715,12 @@ def test_train_step_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg):
     with torch.no_grad():
         ref_logp, _ = grpo.completion_logprobs(ref, batch)
     want_loss, want_stats = grpo.grpo_loss(logp, logp.detach(), ref_logp, adv, mask, norm, clip_eps=0.2, beta=0.1,
-                                           loss_agg=loss_agg)
+                                           loss_agg=loss_agg, kl_ratio_correction=kl_ratio_correction)
     want_loss.backward()
     want = grads(model)
     for micro in (3, 5, 100):
         stats, got = step_grads(model, ref, batch, adv, micro_batch=micro, loss_agg=loss_agg, beta=0.1,
-                                max_new_tokens=16)
+                                max_new_tokens=16, kl_ratio_correction=kl_ratio_correction)
         assert stats["loss"] == pytest.approx(want_loss.item(), abs=1e-6), micro
         for key in ("pg_loss", "kl_loss", "kl"):  # the parts add up over micro-batches like the loss
             assert stats[key] == pytest.approx(want_stats[key], abs=1e-6), (micro, key)
@@ -1740,6 +1744,34 @@ def test_reference_model_bf16_gives_autocasts_log_probs_bit_for_bit(tiny_arch):
     assert not any(p.requires_grad for p in ref.parameters())
     assert model.get_output_embeddings().weight is model.get_input_embeddings().weight
     assert {p.dtype for p in grpo.reference_model(model, "float32").parameters()} == {torch.float32}
+
+
+def test_train_step_syncs_the_gradient_once_an_update(tiny):
+    """Under DDP every micro-batch but an update's last runs in no_sync, so the ranks all-reduce once an update, not
+    once a micro-batch: 8 answers in micro-batches of 3, mu = 2, on a wrapper with DDP's no_sync."""
+    model, tokenizer = tiny
+    model = copy.deepcopy(model)
+    batch = sampled_batch(model, tokenizer, seed=4)
+    calls = []
+
+    class WithNoSync(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.module = model
+
+        def forward(self, **kwargs):
+            if calls[-1:] != ["forward"]:
+                calls.append("forward")
+            return self.module(**kwargs)
+
+        @contextmanager
+        def no_sync(self):
+            calls.append("no_sync")
+            yield
+            calls.append("synced again")
+    grpo.train_step(WithNoSync(), None, torch.optim.SGD(model.parameters(), lr=0.0), batch, torch.ones(8),
+                    grpo.StepConfig(mu=2, micro_batch=3, beta=0.0, max_new_tokens=10))
+    assert calls == (["no_sync", "forward", "synced again"] * 2 + ["forward"]) * 2
 
 
 def test_train_step_casts_each_weight_to_bf16_once_a_pass(tiny_arch):
