@@ -43,12 +43,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # One thread: faster for tiny models (README.md, Tests), and in-process and subprocess runs (OMP_NUM_THREADS) agree
 # bit for bit.
 torch.set_num_threads(1)
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 # mutmut (setup.cfg's [mutmut]) runs the suite on its copy of grpo.py in mutants/, every function rewritten into a
 # trampoline to its mutants, with MUTANT_UNDER_TEST set: a test that reads grpo.py's own text (the copy-out, the
 # README's pointers) would read that rewriting, not grpo.py, so it is skipped there. Evaluated when the test runs.
 reads_grpo_text = pytest.mark.skipif("'MUTANT_UNDER_TEST' in os.environ",
                                      reason="reads grpo.py's text, which mutmut rewrites into trampolines")
+
+
+def one_thread():
+    """A child process's variables: one thread. In mutmut's first pass (MUTANT_UNDER_TEST=stats: which tests reach
+    which function, counted in this process) a child runs grpo.py as it is: in another folder it finds no setup.cfg."""
+    return {"OMP_NUM_THREADS": "1", **({"MUTANT_UNDER_TEST": ""} if os.environ.get("MUTANT_UNDER_TEST") == "stats"
+                                       else {})}
 
 
 DEEP = "[" * 100_000 + "]" * 100_000  # JSON nested deeper than Python's recursion limit lets json.loads read
@@ -106,7 +112,7 @@ def data_dir(tmp_path_factory):
 
 def run_cli(*flags, env=None, timeout=600):
     return subprocess.run([sys.executable, os.path.join(HERE, "grpo.py"), *flags], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **ONE_THREAD, **(env or {})})
+                          timeout=timeout, env={**os.environ, **one_thread(), **(env or {})})
 
 
 def main_exit(capsys, argv, task=grpo.GSM8K):
@@ -2799,7 +2805,7 @@ def copied_runs(tiny_dir, copy_model_dir, tmp_path_factory):
     (tmp_path / "driver.py").write_text(f"PIPELINE = {PIPELINE!r}\n" + DRIVER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # grpo.py must not be importable from here
     r = subprocess.run([sys.executable, "driver.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                       env={**env, **ONE_THREAD})
+                       env={**env, **one_thread()})
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.splitlines()[-1])
 
@@ -2864,7 +2870,7 @@ def start_readme_loop(folder):
     (folder / "loop.py").write_text(above_the_banner() + code, encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # grpo.py must not be importable from there
     return subprocess.Popen([sys.executable, "loop.py"], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env={**env, **ONE_THREAD, **{v: "1" for v in grpo.OFFLINE_VARIABLES}})
+                            text=True, env={**env, **one_thread(), **{v: "1" for v in grpo.OFFLINE_VARIABLES}})
 
 
 @reads_grpo_text
@@ -2925,7 +2931,7 @@ def test_a_copied_module_takes_a_task_defined_in_a_second_module(tiny_dir, tmp_p
     (tmp_path / "copier.py").write_text(COPIER)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "copier.py", tiny_dir, CHAT_TEMPLATE], cwd=tmp_path, capture_output=True,
-                       text=True, timeout=300, env={**env, **ONE_THREAD})
+                       text=True, timeout=300, env={**env, **one_thread()})
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.splitlines()[-1])
     assert out["prompt"] == "user: Say five.\n\nAnswer with one word.\nassistant:"
@@ -3383,7 +3389,7 @@ def test_main_end_to_end_as_the_readmes_script_stopped_and_resumed(tiny_dir, tmp
     assert stderr.strip().splitlines()[-1] == f"SIGTERM: stopped after step 2 of 4, checkpoint saved; resume with: " \
                                              f"{command}"
     r = subprocess.run([sys.executable, *shlex.split(command)[1:]], cwd=tmp_path, capture_output=True, text=True,
-                       timeout=300, env={**os.environ, **ONE_THREAD, "PYTHONPATH": HERE})
+                       timeout=300, env={**os.environ, **one_thread(), "PYTHONPATH": HERE})
     assert r.returncode == 0, r.stderr[-3000:]
     assert sorted(os.listdir(out)) == ["metrics.jsonl", "model", "rollouts.jsonl"]  # a complete run: no checkpoint
     lines = grpo.read_records(out / "metrics.jsonl", whole=True)
@@ -3542,7 +3548,7 @@ def test_main_a_reward_that_gives_none_mid_run_is_one_line_and_the_run_resumes(t
 
         grpo.main(task=grpo.Task("Say it.", reward, lambda completion, strict=False: completion, rows))
         """))
-    env = {**os.environ, **ONE_THREAD, "PYTHONPATH": HERE}
+    env = {**os.environ, **one_thread(), "PYTHONPATH": HERE}
     flags = ["--model", tiny_dir, "--dataset", "count", "--G", "2", "--batch-prompts", "1", "--steps", "2",
              "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)]
     r = subprocess.run([sys.executable, "my_task.py", *flags], cwd=tmp_path, capture_output=True, text=True,
@@ -3556,6 +3562,59 @@ def test_main_a_reward_that_gives_none_mid_run_is_one_line_and_the_run_resumes(t
     assert r.returncode == 0, r.stderr[-3000:]
     train = [x for x in grpo.read_records(out / "metrics.jsonl", whole=True) if x["type"] == "train"]
     assert [x["step"] for x in train] == [1, 2] and all(x["reward_mean"] in (0.0, 0.5, 1.0) for x in train)
+
+
+@pytest.fixture
+def fake_wandb(monkeypatch):
+    run, real = FakeWandbRun([]), grpo.importlib.util.find_spec  # no wandb package needed
+    monkeypatch.setattr(grpo.importlib.util, "find_spec", lambda name, *a: name == "wandb" or real(name, *a))
+    monkeypatch.setattr(grpo, "start_wandb", lambda args, config, state: run)
+    return run
+
+
+def test_end_logs_marks_the_wandb_run_of_a_run_its_reward_stopped_failed(tiny_dir, tmp_path, capsys, fake_wandb):
+    """A run whose reward gives None ends its wandb run with exit code 1; a run that completes, with 0."""
+    flags = ["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n", "1",
+             "--wandb", "p"]
+    assert main_exit(capsys, [*flags, "--out", str(tmp_path / "a")], paying(None)).returncode == 2
+    assert fake_wandb.finished == [1]
+    grpo.main([*flags, "--out", str(tmp_path / "b")], paying(1.0))
+    assert fake_wandb.finished == [1, 0]
+
+
+def test_end_logs_marks_the_wandb_run_of_a_run_a_full_disk_stopped_failed(tiny_dir, data_dir, tmp_path, capsys,
+                                                                           monkeypatch, fake_wandb):
+    def full_disk(obj, path, *args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+    monkeypatch.setattr(torch, "save", full_disk)
+    r = main_exit(capsys, small_flags(tiny_dir, data_dir, "--steps", "2", "--save-every", "1", "--wandb", "p",
+                                      "--out", str(tmp_path / "run")))
+    assert_one_error_line_at_the_end(r, os.strerror(errno.ENOSPC), "; resume with: ")
+    assert fake_wandb.finished == [1]
+
+
+@pytest.mark.parametrize("rows, words", [(([], [{"question": "q", "answer": "a", "ref": "a"}]), "no train rows"),
+                                         (([("q", "a", "a")], [("q", "a", "a")]), "train row 1's 'question' is not")])
+def test_load_rows_refuses_empty_splits_and_rows_that_are_not_dicts(rows, words):
+    with pytest.raises(grpo.ConfigError, match=words):
+        grpo.load_rows(dataclasses.replace(paying(1.0), load=lambda spec, seed: rows), "x", 0)
+
+
+def test_load_rows_passes_the_seed_to_the_tasks_load():
+    """arith's questions are drawn from --seed: load_rows gives what load_data draws from that seed."""
+    assert grpo.load_rows(grpo.GSM8K, "arith", 1) == grpo.load_data("arith", 1) != grpo.load_data("arith", 0)
+
+
+def test_main_gives_a_tasks_load_the_dataset_and_seed_flags(tiny_dir, tmp_path):
+    seen = []
+
+    def load(spec, seed):
+        seen.append((spec, seed))
+        return counting_rows(spec, seed)
+    grpo.main(["--model", tiny_dir, "--dataset", "mine", "--seed", "5", "--steps", "1", "--max-new-tokens", "2",
+               "--eval-n", "1", "--G", "2", "--batch-prompts", "1", "--out", str(tmp_path / "run")],
+              dataclasses.replace(paying(1.0), load=load))
+    assert seen == [("mine", 5)]
 
 
 # examples/squad.py: SQuAD v1.1 as a task of one's own, scored by SQuAD's exact match and F1.
@@ -3769,7 +3828,7 @@ def test_squad_load_squad_without_the_hub_is_one_line(tiny_dir, tmp_path):
     offline = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1"}  # nothing is asked
     r = subprocess.run([sys.executable, "-m", "examples.squad", "--model", tiny_dir, "--dataset", "squad"], cwd=HERE,
-                       capture_output=True, text=True, timeout=300, env={**os.environ, **ONE_THREAD, **offline})
+                       capture_output=True, text=True, timeout=300, env={**os.environ, **one_thread(), **offline})
     assert_one_line_error(r, "rajpurkar/squad", "--dataset DIR")
 
 
@@ -4023,7 +4082,7 @@ def start_ablation_command(folder):
     return subprocess.Popen([sys.executable, os.path.join(HERE, "grpo.py"), "--G", "2", "--algo", "reinforce",
                              "--steps", "1", "--eval-n", "4", "--max-new-tokens", "8"], cwd=folder,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **ONE_THREAD, "CUDA_VISIBLE_DEVICES": ""})
+                            env={**os.environ, **one_thread(), "CUDA_VISIBLE_DEVICES": ""})
 
 
 def test_main_the_readmes_ablation_command_on_this_machine(started_early):
@@ -4625,7 +4684,7 @@ def test_ctrl_c_on_the_cli_then_the_printed_command_resumes(tiny_dir, run_data, 
     command = shlex.split(message.split("resume with: ")[1])
     assert command[:2] == ["python", "grpo.py"]
     r = subprocess.run([sys.executable, *command[1:]], cwd=HERE, capture_output=True, text=True, timeout=600,
-                       env={**os.environ, **ONE_THREAD})
+                       env={**os.environ, **one_thread()})
     assert r.returncode == 0, r.stderr[-3000:]
     assert_same_run(out, reference_run)
     assert sorted(os.listdir(out)) == COMPLETE
@@ -4718,7 +4777,7 @@ def start_slow_run(flags, tmp_path, step_sleep):
             "grpo.main(sys.argv[1:])\n")
     stderr = tmp_path / "stderr.txt"
     proc = subprocess.Popen([sys.executable, "-c", code, *flags], cwd=HERE, stdout=subprocess.DEVNULL,
-                            stderr=open(stderr, "w"), env={**os.environ, **ONE_THREAD})
+                            stderr=open(stderr, "w"), env={**os.environ, **one_thread()})
     return proc, stderr
 
 
@@ -5222,17 +5281,18 @@ def test_finish_a_fresh_runs_summary_names_no_resume(tiny_dir, data_dir, tmp_pat
 
 
 class FakeWandbRun:
-    """What grpo uses of a wandb run; wandb.init gives a resumed run the id it is asked for, else a new one."""
+    """What grpo uses of a wandb run; wandb.init gives a resumed run the id it is asked for, else a new one. The exit
+    codes it is finished with are kept."""
 
     def __init__(self, calls, **kwargs):
         calls.append(kwargs)
-        self.id = kwargs.get("id") or f"new{len(calls)}"
+        self.id, self.finished = kwargs.get("id") or f"new{len(calls)}", []
 
     def log(self, *args, **kwargs):
         pass
 
     def finish(self, exit_code=0):
-        pass
+        self.finished.append(exit_code)
 
 
 def test_start_wandb_a_resumed_run_continues_its_wandb_run(tiny_dir, data_dir, tmp_path, monkeypatch, capsys,
@@ -5400,7 +5460,7 @@ class ForkServer:
     def __init__(self, folder):
         self.folder, self.n = folder, 0
         self.proc = subprocess.Popen([sys.executable, "-c", FORK_SERVER], cwd=HERE, stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env={**os.environ, **ONE_THREAD})
+                                     stdout=subprocess.PIPE, text=True, env={**os.environ, **one_thread()})
 
     def run(self, argv, kill=None, kill_after=None, record=None):
         """(exit status, negative for a signal; its output; seconds from fork to exit). record: a file where an
@@ -5658,7 +5718,7 @@ grpo.main(sys.argv[2:])
 
 def gated(gates, *flags):
     return subprocess.Popen([sys.executable, "-c", GATED_RUN, str(gates), *flags], cwd=HERE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, **ONE_THREAD})
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, **one_thread()})
 
 
 def arrive(proc, gates, name, timeout=300):
@@ -6345,7 +6405,7 @@ def test_lock_outside_torchrun_rank_is_0_whatever_rank_says(stopped_run, tmp_pat
     fd = os.open(out, os.O_RDONLY)  # the live run's lock, as grpo.lock takes it
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_RANK_0} | ONE_THREAD | {"RANK": "1"}
+        env = {k: v for k, v in os.environ.items() if k not in TORCHRUN_RANK_0} | one_thread() | {"RANK": "1"}
         r = subprocess.run([sys.executable, os.path.join(HERE, "grpo.py"), "--resume", str(out)], capture_output=True,
                            text=True, timeout=600, env=env)
     finally:
@@ -6383,7 +6443,7 @@ def ddp_data(ddp_model, tmp_path_factory):
 def torchrun(*args, timeout=600):
     """`torchrun ARGS` with this interpreter, one thread per process, as a subprocess."""
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", *args], capture_output=True, text=True,
-                          cwd=HERE, timeout=timeout, env={**os.environ, **ONE_THREAD})
+                          cwd=HERE, timeout=timeout, env={**os.environ, **one_thread()})
 
 
 def torchrun_failed(r):
@@ -6458,7 +6518,7 @@ def test_torchrun_sigterm_to_one_rank_stops_all_and_resume_matches(ddp_run, ddp_
     flags = ["--model", ddp_model, "--dataset", ddp_data, *DDP_RUN, "--out", str(out)]
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                              str(wrapper), *flags], cwd=HERE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env={**os.environ, **ONE_THREAD})
+                            text=True, env={**os.environ, **one_thread()})
     wait_in_step(proc, tmp_path / "in_step1", timeout=300)  # rank 1 is inside step 1 and waits for the signal
     os.kill(int((tmp_path / "pid1").read_text()), signal.SIGTERM)
     stderr = proc.communicate(timeout=300)[1]
