@@ -1454,14 +1454,14 @@ def checked(task):
     if name:
         raise ConfigError(f"main(task=...): the task's {name} is {getattr(task, name)!r:.40}, not a function")
 
-    def reward(completion, ref, strict=False):
+    def reward(completion, ref, strict):
         r = task.reward(completion, ref, strict)
         if isinstance(r, numbers.Real) and math.isfinite(r):
             return float(r)
         raise ConfigError(f"the task's reward gave {r!r:.40} for the answer {completion[:40]!r}; it must return a "
                           "finite number")
 
-    def vote(completion, strict=False):
+    def vote(completion, strict):
         answer = task.vote(completion, strict)
         try:
             hash(answer)

@@ -3426,15 +3426,15 @@ def paying(value):
 
 @pytest.mark.parametrize("value, taken", [(True, 1.0), (0, 0.0), (np.float32(0.5), 0.5), (2.5, 2.5)])
 def test_checked_takes_a_reward_of_any_finite_real_number_as_a_float(value, taken):
-    reward = grpo.checked(paying(value)).reward("7", "7")
+    reward = grpo.checked(paying(value)).reward("7", "7", False)
     assert type(reward) is float and reward == taken
 
 
 @pytest.mark.parametrize("value", [None, "1", float("nan"), float("-inf"), torch.tensor(1.0), [1.0]])
 def test_checked_refuses_a_reward_that_is_not_a_finite_number(value):
     with pytest.raises(grpo.ConfigError, match="it must return a finite number") as e:
-        grpo.checked(paying(value)).reward("the answer\nis 7", "7")
-    assert f"the task's reward gave {value!r:.40} for the answer 'the answer\\nis 7'" in str(e.value)
+        grpo.checked(paying(value)).reward("the answer\nis 7" + "." * 40, "7", False)
+    assert f"the task's reward gave {value!r:.40} for the answer 'the answer\\nis 7{'.' * 25}';" in str(e.value)
 
 
 def voting(value):
@@ -3443,13 +3443,37 @@ def voting(value):
 
 @pytest.mark.parametrize("value", [None, "7", Decimal("7.0"), (7, "x")])
 def test_checked_passes_a_hashable_vote_on(value):
-    assert grpo.checked(voting(value)).vote("7") == value
+    assert grpo.checked(voting(value)).vote("7", False) == value
 
 
 @pytest.mark.parametrize("value", [["7"], {"a": 7}, {7}])
 def test_checked_refuses_a_vote_that_is_not_hashable(value):
     with pytest.raises(grpo.ConfigError, match=r"must return a hashable answer \(text, a number, a tuple\) or None"):
-        grpo.checked(voting(value)).vote("7")
+        grpo.checked(voting(value)).vote("7" * 50, False)
+    with pytest.raises(grpo.ConfigError, match=f"for the answer '{'7' * 40}'; it must return"):
+        grpo.checked(voting(value)).vote("7" * 50, False)
+
+
+def strict_voting():
+    """A task whose vote takes only lenient answers, and whose reward pays what strict says."""
+    return dataclasses.replace(paying(1.0), reward=lambda completion, ref, strict=False: float(strict),
+                               vote=lambda completion, strict=False: None if strict else completion)
+
+
+def test_checked_passes_strict_on_to_the_tasks_reward_and_vote():
+    task = grpo.checked(strict_voting())
+    assert [task.reward("7", "7", strict) for strict in (False, True)] == [0.0, 1.0]
+    assert [task.vote("7", strict) for strict in (False, True)] == ["7", None]
+
+
+def test_main_maj_at_k_strict_counts_the_votes_of_the_tasks_strict_vote(tiny_dir, tmp_path):
+    """maj@2 of the lenient votes pays the lenient reward (0.0); no strict answer votes, so maj@2_strict is 0 too,
+    where the strict reward would have paid 1.0; the greedy accuracies are the two rewards."""
+    out = tmp_path / "run"
+    grpo.main(["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n", "2",
+               "--eval-samples", "2", "--G", "2", "--batch-prompts", "1", "--out", str(out)], strict_voting())
+    first = [x for x in grpo.read_records(out / "metrics.jsonl", whole=True) if x["type"] == "eval"][0]
+    assert (first["acc_lenient"], first["acc_strict"], first["maj@2"], first["maj@2_strict"]) == (0.0, 1.0, 0.0, 0.0)
 
 
 def test_main_a_vote_that_is_not_hashable_stops_the_run_in_one_line(tiny_dir, tmp_path, capsys):
