@@ -1472,9 +1472,10 @@ def checked(task):
     return dataclasses.replace(task, reward=reward, vote=vote)
 
 
-def end_logs():
-    """Closes the log an error left open, its progress bar before the error line and its wandb run as failed."""
-    running = bool(LOGS)
+def end_logs(out):
+    """Closes the logs an error left open, each progress bar before the error line and each wandb run as failed;
+    whether the run in `out` had one open."""
+    running = any(log.args.out == out for log in LOGS)
     while LOGS:
         LOGS[-1].close(failed=True)
     return running
@@ -1489,8 +1490,8 @@ def main(argv=None, task=GSM8K):
         train(args, task)
         leave_process_group()
     except ConfigError as e:
-        running = end_logs()  # a task's reward can fail mid-run
-        then = f"; then resume with: {resume_command(args.out)}" if running else ""
+        # a task's reward or vote can fail mid-run: once it is fixed, the run resumes
+        then = f"; then resume with: {resume_command(args.out)}" if end_logs(args.out) else ""
         print(f"error: {e}{then}", file=sys.stderr)  # every rank: a bad file may be bad on one node only
         for out in reversed(MADE):  # a folder before its parents
             if os.path.isdir(out) and not os.listdir(out):
@@ -1502,7 +1503,7 @@ def main(argv=None, task=GSM8K):
         leave_process_group(e.args[1])
         sys.exit(e.args[1])
     except (KeyboardInterrupt, OSError) as e:  # Ctrl-C before the loop or a second one; a full disk
-        end_logs()
+        end_logs(args.out)
         saved = args.out and os.path.isfile(os.path.join(args.out, "metrics.jsonl"))  # from a checkpoint or step 0
         what = "interrupted" if isinstance(e, KeyboardInterrupt) else f"error: {e.strerror}: {e.filename}"
         print(f"\n{what}; " + (f"resume with: {resume_command(args.out)}" if saved else "nothing to resume"),

@@ -3596,6 +3596,18 @@ def fake_wandb(monkeypatch):
     return run
 
 
+def test_end_logs_closes_a_log_another_run_left_open_and_names_no_resume(tiny_dir, tmp_path, capsys):
+    """grpo.train called directly (a notebook) stops on a task's error with its log open; a later main with a bad flag
+    closes that log and prints its own one line, with no resume command: its run never started."""
+    flags = ["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n", "1"]
+    with pytest.raises(grpo.ConfigError, match="the task's reward gave None"):
+        grpo.train(grpo.get_args([*flags, "--out", str(tmp_path / "a")]), grpo.checked(paying(None)))
+    assert len(grpo.LOGS) == 1
+    r = main_exit(capsys, [*flags, "--G", "1", "--out", str(tmp_path / "b")], paying(1.0))
+    assert_one_error_line_at_the_end(r, "argument --G: must be >= 2")  # after the old run's bar, closed
+    assert "resume" not in r.stderr and grpo.LOGS == []
+
+
 def test_end_logs_marks_the_wandb_run_of_a_run_its_reward_stopped_failed(tiny_dir, tmp_path, capsys, fake_wandb):
     """A run whose reward gives None ends its wandb run with exit code 1; a run that completes, with 0."""
     flags = ["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n", "1",
