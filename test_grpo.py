@@ -2401,6 +2401,20 @@ def test_step_metrics_length_by_outcome_by_hand():
     m = grpo.step_metrics(torch.zeros(4), batch, G=2)
     assert m["len_correct"] is None and m["len_wrong"] == 2.5
     assert (m["frac_zero_std"], m["frac_all_wrong"], m["reward_std"]) == (1.0, 1.0, 0.0)
+    m = grpo.step_metrics(torch.ones(4), batch, G=2)
+    assert m["len_correct"] == 2.5 and m["len_wrong"] is None
+    assert (m["frac_zero_std"], m["frac_all_correct"], m["frac_all_wrong"]) == (1.0, 1.0, 0.0)
+
+
+def test_step_metrics_group_fractions_by_hand():
+    """Groups of 2: both right, one right, both wrong: a third each all right and all wrong, two thirds with no
+    spread (no signal); then every answer right: no wrong answer has a length."""
+    batch = {"completion_mask": torch.ones(6, 3, dtype=torch.long), "truncated": torch.zeros(6, dtype=torch.bool)}
+    m = grpo.step_metrics(torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0]), batch, G=2)
+    assert (m["frac_all_correct"], m["frac_all_wrong"]) == pytest.approx((1 / 3, 1 / 3))
+    assert m["frac_zero_std"] == pytest.approx(2 / 3) and m["reward_mean"] == pytest.approx(0.5)
+    m = grpo.step_metrics(torch.ones(6), batch, G=2)
+    assert (m["frac_all_correct"], m["len_wrong"], m["len_correct"]) == (1.0, None, 3.0)
 
 
 def test_step_metrics_count_completion_tokens_only_by_hand():
