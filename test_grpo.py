@@ -321,6 +321,15 @@ def test_extract_answer_finds_the_known_final_number(case):
     written_otherwise = f"{lenient}0" if "." in str(lenient) else f"{lenient}.0"  # the same number: '5.0', '2.50'
     assert grpo.reward(text, written_otherwise) == 1.0
     assert grpo.reward(text, str(lenient), strict=True) == float(strict is not None)
+    assert grpo.final_number(text) == lenient and grpo.final_number(text, strict=True) == strict  # GSM8K's vote
+
+
+@pytest.mark.parametrize("text, strict, vote", [("so 18.0", False, Decimal(18)), ("so 18.0", True, None),
+                                                ("#### $1,234.50", True, Decimal("1234.5")), ("none", False, None)])
+def test_final_number_votes_the_final_number_as_a_decimal(text, strict, vote):
+    """maj@K's vote for GSM8K: '18' and '18.0' are one answer; strict votes only after '####'."""
+    got = grpo.final_number(text, strict)
+    assert got == vote and (got is None or isinstance(got, Decimal))
 
 
 @settings(max_examples=300, deadline=None)
@@ -742,6 +751,7 @@ def test_make_optimizer_is_adamw_without_weight_decay_by_hand(tiny):
     optimizer = grpo.make_optimizer(model, lr=0.1)
     assert isinstance(optimizer, torch.optim.AdamW) and len(optimizer.param_groups) == 1
     assert optimizer.param_groups[0]["weight_decay"] == 0 and optimizer.param_groups[0]["lr"] == 0.1
+    assert optimizer.param_groups[0]["fused"] is True  # one kernel for all weights, on the CPU too
     before = [p.detach().clone() for p in model.parameters()]
     for p in model.parameters():
         p.grad = torch.zeros_like(p)
@@ -1734,10 +1744,30 @@ def test_train_step_micro_batch_that_does_not_divide_the_batch(tiny, loss_agg, k
             torch.testing.assert_close(g, w, atol=1e-6, rtol=1e-5)
 
 
+def with_random_biases(model):
+    """A copy whose Linear biases (Qwen2's q, k and v) are not the 0 they start at, where losing one changes nothing."""
+    model = copy.deepcopy(model)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                m.bias.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(0))
+    return model
+
+
+def test_reference_model_bf16_holds_each_linear_bias_in_bf16(tiny_arch):
+    model = with_random_biases(tiny_arch[0])
+    ref = dict(grpo.reference_model(model, "bfloat16").named_modules())
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    biases = [(name, m.bias) for name, m in linears if m.bias is not None]
+    assert len(biases) == (6 if model.config.model_type == "qwen2" else 0)  # q, k, v of 2 layers
+    for name, bias in biases:
+        assert torch.equal(ref[name].bias, bias.to(torch.bfloat16)) and not ref[name].bias.requires_grad
+
+
 def test_reference_model_bf16_gives_autocasts_log_probs_bit_for_bit(tiny_arch):
     """reference_model holds the Linear weights in bf16 under bf16 autocast: the same log-probs as the fp32 copy that
     autocast casts, to the bit; embeddings and norms stay fp32, and the policy (with its tied head) is untouched."""
-    model, tokenizer = tiny_arch
+    model, tokenizer = with_random_biases(tiny_arch[0]), tiny_arch[1]
     batch = sampled_batch(model, tokenizer, seed=3, temperature=0.7)
     ref = grpo.reference_model(model, "bfloat16")
     with torch.no_grad(), grpo.autocast(torch.device("cpu"), "bfloat16"):
