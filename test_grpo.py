@@ -26,6 +26,7 @@ import sys
 import textwrap
 import time
 import types
+import warnings
 from contextlib import contextmanager, redirect_stderr
 from decimal import Decimal
 
@@ -1762,6 +1763,20 @@ def test_reference_model_bf16_holds_each_linear_bias_in_bf16(tiny_arch):
     assert len(biases) == (6 if model.config.model_type == "qwen2" else 0)  # q, k, v of 2 layers
     for name, bias in biases:
         assert torch.equal(ref[name].bias, bias.to(torch.bfloat16)) and not ref[name].bias.requires_grad
+
+
+@pytest.mark.parametrize("dtype, want", [("float32", torch.float32), ("bfloat16", torch.bfloat16)])
+def test_autocast_multiplies_in_the_runs_dtype(dtype, want):
+    x = torch.randn(4, 4, generator=torch.Generator().manual_seed(0))
+    with grpo.autocast(torch.device("cpu"), dtype):
+        assert (x @ x).dtype == want and torch.nn.functional.linear(x, x).dtype == want
+
+
+def test_autocast_on_cuda_is_bfloat16_not_cudas_float16_default():
+    """torch.autocast on CUDA defaults to float16, which overflows where bf16 does not: the dtype is named."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a machine without CUDA: autocast warns and stays off, its dtype still set
+        assert grpo.autocast(torch.device("cuda"), "bfloat16").fast_dtype == torch.bfloat16
 
 
 def test_reference_model_bf16_gives_autocasts_log_probs_bit_for_bit(tiny_arch):
