@@ -3341,6 +3341,7 @@ def test_build_prompt_and_the_readmes_task_by_hand(custom_task, tiny_dir):
     _, base_tokenizer = grpo.load_model(tiny_dir, torch.device("cpu"))
     assert grpo.build_prompt(base_tokenizer, custom_task["letters"], question, shots) == (
         f"{shots}Question: {question}\nAnswer:")
+    assert grpo.build_prompt(base_tokenizer, custom_task["letters"], question) == f"Question: {question}\nAnswer:"
     assert grpo.build_prompt(chat_tokenizer(tiny_dir), grpo.GSM8K, question) == (
         f"user: {question}\n\nShow your work briefly, then write the final answer on its own line as '#### <number>'."
         "\nassistant:")
