@@ -38,7 +38,7 @@ from hypothesis import strategies as st
 
 import grpo
 from examples import squad
-from testing_utils import CHARS, make_batch, make_tiny_model, plain_logprobs, sums, write_data
+from testing_utils import CHARS, counting_rows, make_batch, make_tiny_model, plain_logprobs, sums, write_data
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # One thread: faster for tiny models (README.md, Tests), and in-process and subprocess runs (OMP_NUM_THREADS) agree
@@ -3474,11 +3474,6 @@ def test_main_end_to_end_as_the_readmes_script_stopped_and_resumed(tiny_dir, tmp
     assert any(not torch.equal(a, b) for a, b in zip(saved.parameters(), original.parameters()))
 
 
-def counting_rows(spec, seed):
-    rows = [{"question": f"Say {i}.", "answer": str(i), "ref": str(i)} for i in range(8)]
-    return rows[2:], rows[:2]
-
-
 def paying(value):
     return grpo.Task("Answer with the number only.", lambda completion, ref, strict=False: value,
                      lambda completion, strict=False: completion, counting_rows)
@@ -3530,8 +3525,8 @@ def test_main_maj_at_k_strict_counts_the_votes_of_the_tasks_strict_vote(tiny_dir
     """maj@2 of the lenient votes pays the lenient reward (0.0); no strict answer votes, so maj@2_strict is 0 too,
     where the strict reward would have paid 1.0; the greedy accuracies are the two rewards."""
     out = tmp_path / "run"
-    grpo.main(["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n", "2",
-               "--eval-samples", "2", "--G", "2", "--batch-prompts", "1", "--out", str(out)], strict_voting())
+    grpo.main(small_flags(tiny_dir, "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n", "2", "--eval-samples",
+                          "2", "--out", str(out)), strict_voting())
     first = [x for x in grpo.read_records(out / "metrics.jsonl", whole=True) if x["type"] == "eval"][0]
     assert (first["acc_lenient"], first["acc_strict"], first["maj@2"], first["maj@2_strict"]) == (0.0, 1.0, 0.0, 0.0)
 
@@ -3539,8 +3534,8 @@ def test_main_maj_at_k_strict_counts_the_votes_of_the_tasks_strict_vote(tiny_dir
 def test_main_a_vote_that_is_not_hashable_stops_the_run_in_one_line(tiny_dir, tmp_path, capsys):
     """Asked for at the step-0 evaluation's maj@K: one line naming the value, not a TypeError from a dict's keys."""
     out = tmp_path / "run"
-    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n",
-                           "1", "--eval-samples", "2", "--out", str(out)], voting(["7"]))
+    r = main_exit(capsys, small_flags(tiny_dir, "x", "--steps", "1", "--max-new-tokens", "2", "--eval-samples", "2",
+                                      "--out", str(out)), voting(["7"]))
     assert_one_error_line_at_the_end(r, "the task's vote gave ['7'] for the answer", f"--resume {out}")
 
 
@@ -3596,8 +3591,8 @@ def test_main_refuses_a_row_without_a_reference_json_can_write_in_one_line(tiny_
 def test_main_a_reward_that_is_no_number_stops_the_run_in_one_line(tiny_dir, tmp_path, capsys, value):
     """Paid at the step-0 evaluation: one line naming the value and the resume command, no NaN in metrics.jsonl."""
     out = tmp_path / "run"
-    r = main_exit(capsys, ["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n",
-                           "1", "--out", str(out)], paying(value))
+    r = main_exit(capsys, small_flags(tiny_dir, "x", "--steps", "1", "--max-new-tokens", "2", "--out", str(out)),
+                  paying(value))
     assert_one_error_line_at_the_end(r, f"the task's reward gave {value!r}", "then resume with: ", f"--resume {out}")
     assert [x["type"] for x in grpo.read_records(out / "metrics.jsonl", whole=True)] == ["config"]
 
@@ -3606,8 +3601,8 @@ def test_main_a_reward_that_gives_bools_trains(tiny_dir, tmp_path):
     """`completion == ref` is a reward: True and False are paid as 1.0 and 0.0 (a tensor of bools has no mean)."""
     out = tmp_path / "run"
     task = dataclasses.replace(paying(None), reward=lambda completion, ref, strict=False: completion.strip() != ref)
-    grpo.main(["--model", tiny_dir, "--dataset", "x", "--G", "2", "--batch-prompts", "1", "--steps", "1",
-               "--max-new-tokens", "2", "--eval-n", "1", "--log-rollouts", "1", "--out", str(out)], task)
+    grpo.main(small_flags(tiny_dir, "x", "--steps", "1", "--max-new-tokens", "2", "--log-rollouts", "1", "--out",
+                          str(out)), task)
     answers = grpo.read_records(out / "rollouts.jsonl", whole=True)[0]["groups"][0]["answers"]
     assert [a["reward"] for a in answers] == [1.0, 1.0]  # 2 tokens never say a number's line
 
@@ -3620,21 +3615,17 @@ def test_main_a_reward_that_gives_none_mid_run_is_one_line_and_the_run_resumes(t
     (tmp_path / "my_task.py").write_text(textwrap.dedent("""\
         import os
         import grpo
+        from testing_utils import counting_rows
         calls = []
-
-        def rows(spec, seed):
-            rows = [{"question": f"Say {i}.", "answer": str(i), "ref": str(i)} for i in range(8)]
-            return rows[2:], rows[:2]
 
         def reward(completion, ref, strict=False):
             calls.append(1)
             return None if len(calls) == 4 and not os.environ.get("FIXED") else float(completion.strip() == ref)
 
-        grpo.main(task=grpo.Task("Say it.", reward, lambda completion, strict=False: completion, rows))
+        grpo.main(task=grpo.Task("Say it.", reward, lambda completion, strict=False: completion, counting_rows))
         """))
     env = {**os.environ, **one_thread(), "PYTHONPATH": HERE}
-    flags = ["--model", tiny_dir, "--dataset", "count", "--G", "2", "--batch-prompts", "1", "--steps", "2",
-             "--max-new-tokens", "4", "--eval-n", "1", "--out", str(out)]
+    flags = small_flags(tiny_dir, "count", "--steps", "2", "--out", str(out))
     r = subprocess.run([sys.executable, "my_task.py", *flags], cwd=tmp_path, capture_output=True, text=True,
                        timeout=300, env=env)  # step 0 scores 1 answer greedy (x2: strict, lenient), step 1 two
     assert_one_error_line_at_the_end(r, "the task's reward gave None for the answer",
@@ -3659,7 +3650,7 @@ def fake_wandb(monkeypatch):
 def test_end_logs_closes_a_log_another_run_left_open_and_names_no_resume(tiny_dir, tmp_path, capsys):
     """grpo.train called directly (a notebook) stops on a task's error with its log open; a later main with a bad flag
     closes that log and prints its own one line, with no resume command: its run never started."""
-    flags = ["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n", "1"]
+    flags = small_flags(tiny_dir, "x", "--steps", "1", "--max-new-tokens", "2")
     with pytest.raises(grpo.ConfigError, match="the task's reward gave None"):
         grpo.train(grpo.get_args([*flags, "--out", str(tmp_path / "a")]), grpo.checked(paying(None)))
     assert len(grpo.LOGS) == 1
@@ -3670,8 +3661,7 @@ def test_end_logs_closes_a_log_another_run_left_open_and_names_no_resume(tiny_di
 
 def test_end_logs_marks_the_wandb_run_of_a_run_its_reward_stopped_failed(tiny_dir, tmp_path, capsys, fake_wandb):
     """A run whose reward gives None ends its wandb run with exit code 1; a run that completes, with 0."""
-    flags = ["--model", tiny_dir, "--dataset", "x", "--steps", "1", "--max-new-tokens", "2", "--eval-n", "1",
-             "--wandb", "p"]
+    flags = small_flags(tiny_dir, "x", "--steps", "1", "--max-new-tokens", "2", "--wandb", "p")
     assert main_exit(capsys, [*flags, "--out", str(tmp_path / "a")], paying(None)).returncode == 2
     assert fake_wandb.finished == [1]
     grpo.main([*flags, "--out", str(tmp_path / "b")], paying(1.0))
@@ -3707,9 +3697,8 @@ def test_main_gives_a_tasks_load_the_dataset_and_seed_flags(tiny_dir, tmp_path):
     def load(spec, seed):
         seen.append((spec, seed))
         return counting_rows(spec, seed)
-    grpo.main(["--model", tiny_dir, "--dataset", "mine", "--seed", "5", "--steps", "1", "--max-new-tokens", "2",
-               "--eval-n", "1", "--G", "2", "--batch-prompts", "1", "--out", str(tmp_path / "run")],
-              dataclasses.replace(paying(1.0), load=load))
+    grpo.main(small_flags(tiny_dir, "mine", "--seed", "5", "--steps", "1", "--max-new-tokens", "2", "--out",
+                          str(tmp_path / "run")), dataclasses.replace(paying(1.0), load=load))
     assert seen == [("mine", 5)]
 
 

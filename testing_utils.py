@@ -1,5 +1,5 @@
-"""What the tests, bench/ and results/ share: a tiny model with a character-level tokenizer, and GSM8K-format data
-written to a folder. Nothing here downloads; everything is made from a seed."""
+"""What the tests, bench/ and results/ share: a tiny model with a character-level tokenizer, GSM8K-format data
+written to a folder, and a task's rows. Nothing here downloads; everything is made from a seed."""
 import json
 import os
 
@@ -102,3 +102,9 @@ def make_batch(tokenizer, prompts, completions, G=1, temperature=1.0):
             "prompt_index": torch.arange(len(prompts)).repeat_interleave(G), "temperature": temperature,
             "completion_ids": torch.tensor([x + [tokenizer.pad_token_id] * (width - len(x)) for x in ids]),
             "completion_mask": torch.tensor([[1] * len(x) + [0] * (width - len(x)) for x in ids])}
+
+
+def counting_rows(spec, seed):
+    """A task's load for tests: "Say i." answered by i, 6 rows to train on and 2 to test."""
+    rows = [{"question": f"Say {i}.", "answer": str(i), "ref": str(i)} for i in range(8)]
+    return rows[2:], rows[:2]
